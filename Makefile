@@ -1,0 +1,33 @@
+# Two commands set everything up:  make demo  (install + run the main job)  and  make test.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.tunecast-installed
+# A CPU build of torch, installed first when no torch is present: an unpinned torch would pull a
+# multi-GB CUDA build. On a GPU machine, install your own torch (>= 2.6) into the venv before this.
+TORCH_PIN ?= torch==2.13.0
+DEMO_CONFIG ?= examples/llama-3.1-8b-lora.yaml
+
+.PHONY: demo test lint typecheck unit clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	$(BIN)/python -m pip install -q -e ".[dev,qlora]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tunecast validate $(DEMO_CONFIG)
+	$(BIN)/tunecast gpus
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts benchmarks
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -n 2
+
+test: lint unit
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

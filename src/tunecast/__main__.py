@@ -1,0 +1,3 @@
+from tunecast.cli import main
+
+main()

@@ -1,0 +1,160 @@
+"""Model configs: published Hugging Face `config.json` files, indexed by model name.
+
+The index (`models.csv`) stores each model's exact parameter count, computed from its config on the
+meta device by `scripts/update_model_index.py` and recomputed by the tests, so that listing models
+never needs torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from tunecast.catalog.rows import CatalogRow
+from tunecast.errors import TunecastError, did_you_mean
+
+
+class ModelEntry(CatalogRow):
+    """One row of models.csv."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    """Hugging Face model id, `org/name`."""
+    file: str = Field(pattern=r"^[\w.-]+\.json$")
+    """The config JSON file, in the `models/` folder next to models.csv."""
+    params: int = Field(ge=1)
+    """Exact parameter count of the causal-LM model built from the config (tied weights once)."""
+
+
+MODEL_COLUMNS = ModelEntry.columns()
+
+Origin = Literal["catalog", "directory", "file", "downloaded"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model's config.json, read and checked; where it came from and what it is called."""
+
+    name: str
+    path: Path
+    origin: Origin
+    data: dict[str, Any] = field(repr=False)
+    params: int | None = None
+    """Exact parameter count when the catalog knows it."""
+    source: str | None = None
+
+    @property
+    def model_type(self) -> str:
+        return str(self.data["model_type"])
+
+    @property
+    def text_config(self) -> dict[str, Any]:
+        """The language-model part: the config itself, or its `text_config` for multimodal configs."""
+        inner = self.data.get("text_config")
+        return inner if isinstance(inner, dict) else self.data
+
+    def get_int(self, *keys: str) -> int | None:
+        """First integer among `keys` in the text config (architectures name the same thing differently)."""
+        config = self.text_config
+        for key in keys:
+            value = config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
+    @property
+    def num_layers(self) -> int | None:
+        return self.get_int("num_hidden_layers", "n_layer", "num_layers")
+
+    @property
+    def hidden_size(self) -> int | None:
+        return self.get_int("hidden_size", "n_embd", "d_model")
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.get_int("vocab_size")
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.get_int("num_local_experts", "num_experts", "n_routed_experts")
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return self.get_int("max_position_embeddings", "n_positions")
+
+    @property
+    def architecture(self) -> str:
+        architectures = self.data.get("architectures")
+        if isinstance(architectures, list) and architectures:
+            return str(architectures[0])
+        return self.model_type
+
+
+def read_config_file(path: Path, *, field_name: str = "model") -> dict[str, Any]:
+    """Parse a config JSON file; a file that is not a model config is a user error."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise TunecastError(f"cannot read {path}: {error.strerror}", field=field_name,
+                            hint="check the path and its permissions") from None
+    except json.JSONDecodeError as error:
+        raise TunecastError(f"{path} is not valid JSON (line {error.lineno}: {error.msg})", field=field_name,
+                            hint="point --model at a Hugging Face config.json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise TunecastError(f"{path} has no model_type, so it is not a Hugging Face model config",
+                            field=field_name, hint="point --model at the model's config.json") from None
+    return data
+
+
+def file_name_for(model_name: str) -> str:
+    """'meta-llama/Llama-3.1-8B' → 'meta-llama__Llama-3.1-8B.json'."""
+    return model_name.replace("/", "__") + ".json"
+
+
+class ModelIndex:
+    """Catalog models by name: exact id, case-insensitive id, or the part after the slash when unique."""
+
+    def __init__(self, entries: dict[str, tuple[ModelEntry, Path]]) -> None:
+        self._entries = entries
+        self._by_key: dict[str, str] = {}
+        short_names: dict[str, list[str]] = {}
+        for name in entries:
+            self._by_key[name.lower()] = name
+            self._by_key[file_name_for(name).lower().removesuffix(".json")] = name
+            short_names.setdefault(name.split("/")[-1].lower(), []).append(name)
+        for short, names in short_names.items():
+            if len(names) == 1:
+                self._by_key.setdefault(short, names[0])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._entries, key=str.lower)
+
+    def find(self, name: str) -> ModelConfig | None:
+        canonical = self._by_key.get(name.strip().lower())
+        if canonical is None:
+            return None
+        entry, path = self._entries[canonical]
+        return ModelConfig(name=entry.name, path=path, origin="catalog", data=read_config_file(path),
+                           params=entry.params, source=entry.source)
+
+    def entry(self, name: str) -> ModelEntry:
+        return self._entries[name][0]
+
+    def config_path(self, name: str) -> Path:
+        return self._entries[name][1]
+
+    def suggestion(self, name: str) -> str | None:
+        """'Did you mean …?' over full ids, matching the part after the slash too."""
+        full_by_short = {n.split("/")[-1]: n for n in self._entries}
+        close = did_you_mean(name, [*self._entries, *full_by_short], n=6, cutoff=0.5)
+        names = list(dict.fromkeys(full_by_short.get(c, c) for c in close))[:3]
+        if not names:
+            return None
+        return "Did you mean " + " or ".join(repr(n) for n in names) + "?"

@@ -1,0 +1,129 @@
+"""The catalog: bundled GPU, offer and model data, merged with the user's own catalog directory.
+
+A user directory (`--catalog DIR`, `$TUNECAST_CATALOG`, or ~/.local/share/tunecast/catalog) may hold
+`gpus.csv`, `offers.csv`, and `models.csv` with `models/*.json`, in the bundled files' format. Its rows
+add to the bundled ones and replace those with the same key (a GPU's slug, a model's name, an offer's
+provider, GPU, node size, instance type and region).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from tunecast.catalog.gpus import Gpu, GpuIndex
+from tunecast.catalog.models import ModelEntry, ModelIndex
+from tunecast.catalog.offers import Offer
+from tunecast.catalog.rows import parse_rows
+from tunecast.errors import ConfigError, Problem, TunecastError
+
+GPUS_FILE = "gpus.csv"
+OFFERS_FILE = "offers.csv"
+MODELS_FILE = "models.csv"
+MODELS_DIR = "models"
+
+
+def bundled_data_dir() -> Path:
+    return Path(str(resources.files("tunecast.catalog") / "data"))
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Everything tunecast knows about hardware, prices and models, with where it came from."""
+
+    version: str
+    gpus: GpuIndex
+    offers: tuple[Offer, ...]
+    models: ModelIndex
+    user_dir: Path | None
+
+    @property
+    def providers(self) -> list[str]:
+        return sorted({offer.provider for offer in self.offers})
+
+    def offers_for(self, gpu_slug: str) -> list[Offer]:
+        return [offer for offer in self.offers if offer.gpu == gpu_slug]
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise TunecastError(f"cannot read {path}: {error.strerror}", field=str(path),
+                            hint="check the catalog directory and its permissions") from None
+
+
+def _model_entries(directory: Path, label: str) -> dict[str, tuple[ModelEntry, Path]]:
+    index = directory / MODELS_FILE
+    if not index.exists():
+        return {}
+    entries: dict[str, tuple[ModelEntry, Path]] = {}
+    problems: list[Problem] = []
+    for entry in parse_rows(_read(index), ModelEntry, f"{label}/{MODELS_FILE}"):
+        path = directory / MODELS_DIR / entry.file
+        if not path.is_file():
+            problems.append(Problem(f"{label}/{MODELS_FILE}: {entry.name}", f"config file {path} is missing",
+                                    f"put the model's config.json at {path}"))
+        entries[entry.name] = (entry, path)
+    if problems:
+        raise ConfigError(f"{label}/{MODELS_FILE}", problems)
+    return entries
+
+
+def _canonical_offers(offers: list[Offer], gpus: GpuIndex, label: str) -> list[Offer]:
+    """Offers name GPUs by slug or alias; store the slug. An unknown GPU is a catalog error."""
+    problems: list[Problem] = []
+    canonical: list[Offer] = []
+    for offer in offers:
+        gpu = gpus.find(offer.gpu)
+        if gpu is None:
+            problems.append(Problem(f"{label}/{OFFERS_FILE}: {offer.provider} {offer.gpu}",
+                                    f"unknown GPU {offer.gpu!r}", gpus.unknown_hint(offer.gpu)))
+            continue
+        canonical.append(offer if gpu.slug == offer.gpu else offer.model_copy(update={"gpu": gpu.slug}))
+    if problems:
+        raise ConfigError(f"{label}/{OFFERS_FILE}", problems)
+    return canonical
+
+
+@lru_cache(maxsize=8)
+def load_catalog(user_dir: Path | None = None) -> Catalog:
+    """Bundled catalog merged with `user_dir` (when given and present)."""
+    bundled = bundled_data_dir()
+    meta = json.loads(_read(bundled / "catalog.json"))
+    gpus = {gpu.slug: gpu for gpu in parse_rows(_read(bundled / GPUS_FILE), Gpu, GPUS_FILE)}
+    offers = parse_rows(_read(bundled / OFFERS_FILE), Offer, OFFERS_FILE)
+    models = _model_entries(bundled, "catalog")
+
+    active_user_dir = user_dir if user_dir is not None and user_dir.is_dir() else None
+    user_offers: list[Offer] = []
+    if active_user_dir is not None:
+        label = str(active_user_dir)
+        if (active_user_dir / GPUS_FILE).exists():
+            for gpu in parse_rows(_read(active_user_dir / GPUS_FILE), Gpu, f"{label}/{GPUS_FILE}"):
+                gpus[gpu.slug] = gpu
+        if (active_user_dir / OFFERS_FILE).exists():
+            user_offers = parse_rows(_read(active_user_dir / OFFERS_FILE), Offer, f"{label}/{OFFERS_FILE}")
+        models.update(_model_entries(active_user_dir, label))
+
+    index = GpuIndex(gpus.values())
+    merged = {offer.key: offer for offer in _canonical_offers(offers, index, "catalog")}
+    if user_offers:
+        for offer in _canonical_offers(user_offers, index, str(active_user_dir)):
+            merged[offer.key] = offer
+    return Catalog(
+        version=str(meta["version"]),
+        gpus=index,
+        offers=tuple(merged.values()),
+        models=ModelIndex(models),
+        user_dir=active_user_dir,
+    )
+
+
+def today() -> date:
+    """The date prices are judged against (a function so that tests can pin it)."""
+    return date.today()

@@ -1,0 +1,112 @@
+"""The `tunecast` command: global options, command registration, and the error boundary."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from typer._click.exceptions import ClickException  # Typer bundles its own click
+
+from tunecast.catalog.store import Catalog, load_catalog
+from tunecast.cli.render import err, report_error
+from tunecast.errors import TunecastError
+from tunecast.paths import default_user_catalog_dir
+from tunecast.version import __version__
+
+app = typer.Typer(
+    name="tunecast",
+    help="Plan, price and run LLM fine-tuning: what fits, how long, what the whole run costs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@dataclass
+class State:
+    """Global options, shared by every command through the click context."""
+
+    catalog_dir: Path | None = None
+    debug: bool = False
+
+    def catalog(self) -> Catalog:
+        directory = self.catalog_dir if self.catalog_dir is not None else default_user_catalog_dir()
+        return load_catalog(directory.expanduser().resolve())
+
+
+def _version(value: bool) -> None:
+    if value:
+        catalog_version = load_catalog(None).version
+        typer.echo(f"tunecast {__version__} (catalog {catalog_version})")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    catalog: Annotated[Path | None, typer.Option(
+        "--catalog", metavar="DIR",
+        help="User catalog directory whose gpus.csv, offers.csv and models add to and override the bundled "
+             "ones. Default: $TUNECAST_CATALOG, else ~/.local/share/tunecast/catalog.")] = None,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    ctx.obj = State(catalog_dir=catalog, debug=debug)
+
+
+def state(ctx: typer.Context) -> State:
+    obj = ctx.find_root().obj
+    return obj if isinstance(obj, State) else State()
+
+
+def _register() -> None:
+    from tunecast.cli import catalog_cmds, config_cmds
+
+    catalog_cmds.register(app)
+    config_cmds.register(app)
+
+
+_register()
+
+
+def _wants_json(argv: list[str]) -> bool:
+    words = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in words
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: user errors → message and exit 2; bugs → a short note and exit 1 (traceback with --debug)."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("TUNECAST_DEBUG") == "1"
+    try:
+        # standalone_mode=False: click returns typer.Exit's code instead of exiting, and raises the rest here.
+        result = app(args=args, prog_name="tunecast", standalone_mode=False)
+    except TunecastError as error:
+        if debug:
+            traceback.print_exc()
+        report_error(error, json_output=_wants_json(args))
+        sys.exit(2)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except ClickException as error:  # bad flags or arguments: click's own message, exit 2
+        error.show()
+        sys.exit(error.exit_code)
+    except Exception as error:  # a bug in tunecast, not the user's fault
+        if debug:
+            traceback.print_exc()
+        else:
+            err.print(f"[red bold]internal error:[/] {type(error).__name__}: {error}\n"
+                      "  This is a bug in tunecast. Run again with --debug for the traceback and report it.")
+        sys.exit(1)
+    sys.exit(result if isinstance(result, int) else 0)

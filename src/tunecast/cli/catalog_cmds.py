@@ -1,0 +1,220 @@
+"""`tunecast gpus`, `tunecast offers`, `tunecast models`: the catalogs as tables or JSON. No torch."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tunecast.catalog.offers import Offer
+from tunecast.catalog.store import Catalog, today
+from tunecast.cli.app import state
+from tunecast.cli.render import err, out, print_json
+from tunecast.units import format_params, format_usd
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def _offer_doc(offer: Offer, on: date) -> dict[str, Any]:
+    return {**offer.document(), "stale": offer.is_stale(on), "age_days": offer.age_days(on)}
+
+
+def _short_source(source: str) -> str:
+    """The domain of the first cited URL that is not a copy on GitHub (the provider's own page)."""
+    domains = []
+    for cited in source.split(" ; "):
+        text = cited.strip()
+        for prefix in ("https://", "http://", "www."):
+            text = text.removeprefix(prefix)
+        domains.append(text.split("/")[0])
+    own = [d for d in domains if "github" not in d]
+    return (own or domains)[0]
+
+
+def gpus_command(
+    ctx: typer.Context,
+    json_output: JsonFlag = False,
+    min_memory: Annotated[float | None, typer.Option("--min-memory", metavar="GIB",
+                                                     help="Only cards with at least this much memory.")] = None,
+) -> None:
+    """GPU specifications: memory, dense bf16/fp8 TFLOPS, bandwidth, interconnect, power, price."""
+    catalog = state(ctx).catalog()
+    gpus = [g for g in catalog.gpus if min_memory is None or g.usable_memory_gib >= min_memory]
+    gpus.sort(key=lambda g: (g.usable_memory_gib, g.bf16_tflops))
+    if json_output:
+        print_json([g.document() for g in gpus])
+        return
+    table = Table(title=f"GPUs (catalog {catalog.version})", title_justify="left")
+    for heading, justify in (("gpu", "left"), ("memory GiB", "right"), ("usable GiB", "right"),
+                             ("bf16 TFLOPS", "right"), ("fp8 TFLOPS", "right"), ("HBM/GDDR GB/s", "right"),
+                             ("link GB/s", "left"), ("TDP W", "right"), ("price", "right")):
+        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    for g in gpus:
+        link = f"{g.interconnect} {g.interconnect_gb_per_s:g}"
+        table.add_row(g.slug, f"{g.memory_gib:g}", f"{g.usable_memory_gib:.2f}",
+                      f"{g.bf16_tflops:g}", f"{g.fp8_tflops:g}" if g.fp8_tflops else "—",
+                      f"{g.memory_bandwidth_gb_per_s:,.0f}", link, f"{g.tdp_w:g}",
+                      f"${g.purchase_usd:,.0f}" if g.purchase_usd else "—")
+    out.print(table)
+    out.print("[dim]Dense figures (no sparsity), bf16 with fp32 accumulate. Usable = what the driver reports to "
+              "PyTorch. Sources: `tunecast gpus --json`.[/]")
+
+
+offers_app = typer.Typer(help="Price offers per GPU-hour, and imports from SkyPilot catalogs.",
+                         invoke_without_command=True, no_args_is_help=False)
+
+
+@offers_app.callback()
+def offers_command(
+    ctx: typer.Context,
+    json_output: JsonFlag = False,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="Only offers for this GPU (slug or alias).")] = None,
+    provider: Annotated[str | None, typer.Option("--provider", help="Only this provider.")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Only offers with a spot price.")] = False,
+) -> None:
+    """Price offers: provider, GPU, node size, on-demand and spot USD per GPU-hour, billing, as_of, source."""
+    if ctx.invoked_subcommand is not None:
+        return
+    catalog = state(ctx).catalog()
+    offers = _filter_offers(catalog, gpu, provider, spot)
+    on = today()
+    if json_output:
+        print_json([_offer_doc(o, on) for o in offers])
+        return
+    table = Table(title=f"Price offers (catalog {catalog.version}; USD per GPU-hour)", title_justify="left")
+    for heading, justify in (("gpu", "left"), ("provider", "left"), ("GPUs/node", "right"),
+                             ("on-demand", "right"), ("spot", "right"), ("billing", "left"),
+                             ("volume $/GB-mo", "right"), ("as of", "left"), ("source", "left")):
+        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    stale = 0
+    for o in offers:
+        as_of = o.as_of.isoformat()
+        if o.is_stale(on):
+            stale += 1
+            as_of = f"[yellow]{as_of} (old)[/]"
+        table.add_row(o.gpu, o.provider, str(o.gpu_count), format_usd(o.usd_per_hour),
+                      format_usd(o.spot_usd_per_hour) if o.spot_usd_per_hour else "—", _billing(o),
+                      f"{o.volume_usd_per_gb_month:g}" if o.volume_usd_per_gb_month is not None else "—",
+                      as_of, escape(_short_source(o.source)))
+    out.print(table)
+    if stale:
+        err.print(f"[yellow]{stale} offer(s) are older than 90 days; prices may have moved.[/]")
+
+
+def _billing(offer: Offer) -> str:
+    unit = {1: "per second", 60: "per minute", 3600: "per hour"}.get(offer.billing_increment_s,
+                                                                     f"per {offer.billing_increment_s} s")
+    if offer.minimum_charge_s:
+        unit += f", min {offer.minimum_charge_s} s"
+    return unit
+
+
+def _filter_offers(catalog: Catalog, gpu: str | None, provider: str | None, spot: bool) -> list[Offer]:
+    offers = list(catalog.offers)
+    if gpu is not None:
+        slug = catalog.gpus.get(gpu, field="--gpu").slug
+        offers = [o for o in offers if o.gpu == slug]
+    if provider is not None:
+        from tunecast.errors import TunecastError, suggestion_text
+
+        if provider not in catalog.providers:
+            raise TunecastError(f"unknown provider {provider!r}", field="--provider",
+                                hint=suggestion_text(provider, catalog.providers)
+                                or f"known providers: {', '.join(catalog.providers)}")
+        offers = [o for o in offers if o.provider == provider]
+    if spot:
+        offers = [o for o in offers if o.spot_usd_per_hour is not None]
+    return sorted(offers, key=lambda o: (o.gpu, o.usd_per_hour, o.provider))
+
+
+@offers_app.command("import-skypilot")
+def import_skypilot_command(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(help="A SkyPilot catalog file (catalogs/v8/<cloud>/vms.csv).")],
+    provider: Annotated[str | None, typer.Option(
+        "--provider", help="Provider name for the offers. Default: the folder the file is in (aws, gcp, …).")] = None,
+    as_of: Annotated[str | None, typer.Option(
+        "--as-of", metavar="YYYY-MM-DD", help="Date the prices were published. Default: today.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Merge a SkyPilot catalog file into your catalog: one offer per instance type, cheapest region."""
+    from tunecast.catalog.skypilot import import_skypilot
+
+    st = state(ctx)
+    result = import_skypilot(file, st.catalog(), provider=provider, as_of=as_of, user_dir=st.catalog_dir)
+    if json_output:
+        print_json(result.as_dict())
+        return
+    out.print(f"Imported {len(result.offers)} offer(s) from {escape(str(file))} as provider "
+              f"[bold]{escape(result.provider)}[/] into {escape(str(result.written_to))}")
+    for reason, count in result.skipped.items():
+        out.print(f"  skipped {count} row(s): {escape(reason)}")
+
+
+models_app = typer.Typer(help="Models in the catalog, with exact parameter counts.",
+                         invoke_without_command=True, no_args_is_help=False)
+
+
+@models_app.callback()
+def models_command(
+    ctx: typer.Context,
+    json_output: JsonFlag = False,
+    search: Annotated[str | None, typer.Option("--search", help="Only names containing this text.")] = None,
+) -> None:
+    """Catalog models: name, architecture, layers, hidden size, vocabulary and exact parameter count."""
+    if ctx.invoked_subcommand is not None:
+        return
+    catalog = state(ctx).catalog()
+    names = [n for n in catalog.models.names if search is None or search.lower() in n.lower()]
+    documents = []
+    for name in names:
+        model = catalog.models.find(name)
+        assert model is not None
+        documents.append({
+            "name": name, "model_type": model.model_type, "architecture": model.architecture,
+            "params": model.params, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
+            "vocab_size": model.vocab_size, "num_experts": model.num_experts,
+            "max_position_embeddings": model.max_position_embeddings,
+            "source": model.source, "as_of": catalog.models.entry(name).as_of.isoformat(),
+        })
+    if json_output:
+        print_json(documents)
+        return
+    table = Table(title=f"Models (catalog {catalog.version})", title_justify="left")
+    for heading, justify in (("name", "left"), ("type", "left"), ("params", "right"), ("layers", "right"),
+                             ("hidden", "right"), ("vocab", "right"), ("experts", "right"), ("context", "right")):
+        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    for d in documents:
+        table.add_row(d["name"], d["model_type"], format_params(d["params"]), str(d["num_layers"]),
+                      str(d["hidden_size"]), f"{d['vocab_size']:,}", str(d["num_experts"] or "—"),
+                      f"{d['max_position_embeddings']:,}" if d["max_position_embeddings"] else "—")
+    out.print(table)
+
+
+@models_app.command("add")
+def models_add_command(
+    ctx: typer.Context,
+    config: Annotated[Path, typer.Argument(help="A config.json (or a model directory holding one).")],
+    name: Annotated[str, typer.Option("--name", help="Model id to list it under, org/name.")],
+    source: Annotated[str, typer.Option("--source", help="Where the config came from (URL or citation).")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Add a model config to your catalog, with its exact parameter count (builds it on the meta device)."""
+    from tunecast.catalog.user import add_model
+
+    st = state(ctx)
+    entry, path = add_model(config, name=name, source=source, user_dir=st.catalog_dir)
+    if json_output:
+        print_json({"name": entry.name, "params": entry.params, "file": str(path)})
+        return
+    out.print(f"Added {escape(entry.name)} ({format_params(entry.params)} parameters) to {escape(str(path.parent.parent))}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gpus")(gpus_command)
+    app.add_typer(offers_app, name="offers")
+    app.add_typer(models_app, name="models")

@@ -1,0 +1,110 @@
+"""`tunecast validate` and `tunecast init`: check a run config, write a starter one. No torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.markup import escape
+
+from tunecast.atomic import write_text_atomic
+from tunecast.cli.app import state
+from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.config.load import LoadedSpec, load_spec
+from tunecast.config.starter import starter_yaml
+from tunecast.errors import TunecastError
+from tunecast.units import format_params
+
+
+def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) -> LoadedSpec:
+    """The RunSpec every spec command works on: file + flags + --set, validated against the catalog."""
+    return load_spec(config, spec_args.overrides, state(ctx).catalog(), allow_download=spec_args.allow_download)
+
+
+def resolved_document(loaded: LoadedSpec) -> dict[str, Any]:
+    """The config with every default filled in and names resolved (canonical GPU slug, output path)."""
+    spec = loaded.spec
+    document = spec.model_dump(mode="json")
+    if document["output"] is None:
+        document["output"] = str((Path.cwd() / spec.default_output).resolve())
+    return document
+
+
+def _summary(loaded: LoadedSpec) -> list[tuple[str, str]]:
+    spec, model = loaded.spec, loaded.model
+    params = f", {format_params(model.params)} parameters" if model.params else ""
+    rows = [("model", f"{model.name} ({model.origin}: {model.model_type}{params})")]
+    method = spec.method
+    if spec.method != "full":
+        targets = spec.lora.targets if isinstance(spec.lora.targets, str) else ",".join(spec.lora.targets)
+        method += f" (rank {spec.lora.rank}, alpha {spec.lora.alpha}, {targets}{', DoRA' if spec.lora.dora else ''})"
+    rows.append(("method", method))
+    rows.append(("precision", f"{spec.precision}, optimizer {spec.optimizer}"))
+    per_step = spec.global_batch or spec.micro_batch * spec.grad_accum * spec.gpus.count
+    rows.append(("batch", f"micro_batch {spec.micro_batch} × {spec.seq_len} tokens; {per_step} sequences "
+                          "per optimizer step"))
+    gpu = f"{spec.gpus.count} × {loaded.gpu.slug}" if loaded.gpu else f"{spec.gpus.count} × any GPU"
+    rows.append(("gpus", f"{gpu} ({spec.gpus.strategy}, offload {spec.gpus.offload})"))
+    data = spec.dataset
+    if data.path:
+        rows.append(("dataset", f"{data.path} (format {data.format})"))
+    elif data.examples and data.mean_tokens:
+        rows.append(("dataset", f"{data.examples:,} examples × {data.mean_tokens:g} tokens (declared)"))
+    else:
+        rows.append(("dataset", "none given (needed by plan and train)"))
+    return rows
+
+
+@spec_command
+def validate_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    show: Annotated[bool, typer.Option("--show", help="Print the resolved config, defaults filled in.")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    *,
+    spec_args: SpecArgs,
+) -> None:
+    """Check a run config: every problem at once, each with its key, the reason and the fix."""
+    if config is None and not spec_args.overrides:
+        raise TunecastError("nothing to validate", field="config",
+                            hint="give a config file (tunecast validate run.yaml) or flags such as --model")
+    loaded = load_from_cli(ctx, config, spec_args)
+    if json_output:
+        print_json({"valid": True, "source": loaded.source, "spec": resolved_document(loaded),
+                    "model": {"name": loaded.model.name, "origin": loaded.model.origin,
+                              "config_path": str(loaded.model.path), "model_type": loaded.model.model_type,
+                              "params": loaded.model.params},
+                    "warnings": [w.as_dict() for w in loaded.warnings]})
+        return
+    if show:
+        out.print(escape(yaml.safe_dump(resolved_document(loaded), sort_keys=False, allow_unicode=True)),
+                  end="")
+    else:
+        out.print(f"[green]✓[/] {escape(loaded.source)} is valid")
+        for label, text in _summary(loaded):
+            out.print(f"  {label:<10} {escape(text)}")
+    print_problems(list(loaded.warnings))
+
+
+def init_command(
+    path: Annotated[Path, typer.Argument(help="Where to write the starter config.")] = Path("tunecast.yaml"),
+    model: Annotated[str, typer.Option("--model", "-m", help="Model to put in the config.")]
+    = "meta-llama/Llama-3.1-8B",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented starter config: every key, its default, and what it means."""
+    if path.exists() and not force:
+        raise TunecastError(f"{path} already exists", field="path",
+                            hint="choose another path, or pass --force to overwrite it")
+    write_text_atomic(path, starter_yaml(model, str(path)))
+    out.print(f"Wrote {escape(str(path))}. Check it with: tunecast validate {escape(str(path))}")
+    err.print("[dim]Every key in it is at its default; delete the ones you do not change.[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate_command)
+    app.command("init")(init_command)

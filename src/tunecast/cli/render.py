@@ -1,0 +1,57 @@
+"""Output: JSON documents on stdout (and nothing else there), human text and tables via Rich,
+errors on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from tunecast.errors import Problem, TunecastError
+from tunecast.version import SCHEMA_VERSION
+
+# Piped or captured output is not squeezed to 80 columns: tables stay readable in files and READMEs.
+out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+
+
+def print_json(document: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """One JSON document on stdout. Every object (or every item of a list) carries schema_version."""
+    if isinstance(document, list):
+        document = [{"schema_version": SCHEMA_VERSION, **item} for item in document]
+    else:
+        document = {"schema_version": SCHEMA_VERSION, **document}
+    sys.stdout.write(json.dumps(document, indent=2, default=str, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _problem_line(problem: Problem) -> str:
+    mark = "[red]✗[/]" if problem.severity == "error" else "[yellow]![/]"
+    where = f" ({escape(problem.location)})" if problem.location else ""
+    key = f"[bold]{escape(problem.field)}[/]{where}: " if problem.field else (f"{where.strip()}: " if where else "")
+    text = f"  {mark} {key}{escape(problem.message)}"
+    if problem.hint:
+        text += f"\n      [dim]→[/] {escape(problem.hint)}"
+    return text
+
+
+def print_problems(problems: list[Problem]) -> None:
+    for problem in problems:
+        err.print(_problem_line(problem))
+
+
+def report_error(error: TunecastError, *, json_output: bool) -> None:
+    """A user error: a short message on stderr and, with --json, a JSON document on stdout."""
+    if json_output:
+        body: dict[str, Any] = {"message": error.message, "field": error.field, "hint": error.hint}
+        if len(error.problems) > 1 or error.problems[0].message != error.message:
+            body["problems"] = [p.as_dict() for p in error.problems]
+        print_json({"error": body})
+    err.print(f"[red bold]error:[/] {escape(error.message)}")
+    if len(error.problems) > 1 or error.problems[0].message != error.message:
+        print_problems(error.problems)
+    elif error.hint:
+        err.print(f"  [dim]→[/] {escape(error.hint)}")

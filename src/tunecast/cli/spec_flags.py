@@ -1,0 +1,124 @@
+"""The run-setting flags shared by every command that takes a RunSpec.
+
+Each flag maps to one RunSpec key; its help text is that field's own docstring, so flags, config keys
+and `tunecast init` comments never disagree. `@spec_command` adds all of them (plus `--set` and
+`--allow-download`) to a command and hands it the collected overrides.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from pydantic import BaseModel
+
+from tunecast.config.load import Override, parse_set
+from tunecast.config.spec import RunSpec
+
+PANEL = "Run settings (override the config file)"
+
+
+@dataclass(frozen=True)
+class Flag:
+    param: str
+    key: str
+    names: tuple[str, ...]
+    kind: type
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("model", "model", ("--model", "-m"), str),
+    Flag("method", "method", ("--method",), str),
+    Flag("lora_rank", "lora.rank", ("--lora-rank",), int),
+    Flag("lora_alpha", "lora.alpha", ("--lora-alpha",), int),
+    Flag("lora_targets", "lora.targets", ("--lora-targets",), str),
+    Flag("precision", "precision", ("--precision",), str),
+    Flag("optimizer", "optimizer", ("--optimizer",), str),
+    Flag("micro_batch", "micro_batch", ("--micro-batch",), int),
+    Flag("grad_accum", "grad_accum", ("--grad-accum",), int),
+    Flag("global_batch", "global_batch", ("--global-batch",), int),
+    Flag("seq_len", "seq_len", ("--seq-len",), int),
+    Flag("grad_checkpointing", "grad_checkpointing", ("--grad-checkpointing/--no-grad-checkpointing",), bool),
+    Flag("attention", "attention", ("--attention",), str),
+    Flag("epochs", "epochs", ("--epochs",), float),
+    Flag("max_steps", "max_steps", ("--max-steps",), int),
+    Flag("dataset", "dataset.path", ("--dataset",), str),
+    Flag("gpu", "gpus.gpu", ("--gpu",), str),
+    Flag("gpus", "gpus.count", ("--gpus",), int),
+    Flag("strategy", "gpus.strategy", ("--strategy",), str),
+    Flag("offload", "gpus.offload", ("--offload",), str),
+    Flag("output", "output", ("--output", "-o"), str),
+)
+
+
+def _field(key: str) -> Any:
+    model: type[BaseModel] = RunSpec
+    *parents, leaf = key.split(".")
+    for part in parents:
+        model = model.model_fields[part].annotation  # type: ignore[assignment]
+    return model.model_fields[leaf]
+
+
+def _help(key: str) -> str:
+    """The field's docstring, first sentence and its choices; the full text is in `tunecast init`."""
+    field = _field(key)
+    text = " ".join((field.description or "").split())
+    choices = [a for a in typing.get_args(field.annotation) if isinstance(a, str)]
+    first = text.split(". ")[0].rstrip(".") + "."
+    default = text[text.find("Default"):] if "Default" in text else ""
+    extra = f" One of: {', '.join(choices)}." if choices and len(choices) > 1 and "`" not in first else ""
+    return f"[{key}] {first}{extra} {default}".strip()
+
+
+@dataclass(frozen=True)
+class SpecArgs:
+    """What the user typed for the run settings: overrides in the order they apply."""
+
+    overrides: list[Override]
+    allow_download: bool
+
+
+def spec_command(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `function` every run-setting flag; it receives them as `spec_args: SpecArgs`."""
+    signature = inspect.signature(function, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "spec_args"]
+    extra: list[inspect.Parameter] = []
+    for flag in FLAGS:
+        option = typer.Option(*flag.names, help=_help(flag.key), rich_help_panel=PANEL, show_default=False)
+        annotation = Annotated[flag.kind | None, option]  # type: ignore[valid-type]
+        extra.append(inspect.Parameter(flag.param, inspect.Parameter.KEYWORD_ONLY, default=None,
+                                       annotation=annotation))
+    extra.append(inspect.Parameter(
+        "set_values", inspect.Parameter.KEYWORD_ONLY, default=None,
+        annotation=Annotated[list[str] | None, typer.Option(
+            "--set", metavar="KEY=VALUE", rich_help_panel=PANEL,
+            help="Set any config key, e.g. --set lora.dropout=0.05 --set packing=true. Repeatable.")],
+    ))
+    extra.append(inspect.Parameter(
+        "allow_download", inspect.Parameter.KEYWORD_ONLY, default=False,
+        annotation=Annotated[bool, typer.Option(
+            "--allow-download", rich_help_panel=PANEL,
+            help="Fetch the config.json of a model outside the catalog from the Hugging Face Hub "
+                 "(honours HF_TOKEN and HF_ENDPOINT). Off by default: nothing is downloaded unless asked.")],
+    ))
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        overrides: list[Override] = []
+        for flag in FLAGS:
+            value = kwargs.pop(flag.param)
+            if value is not None:
+                overrides.append(Override(flag.key, value, flag.names[0].split("/")[0]))
+        overrides.extend(parse_set(text) for text in kwargs.pop("set_values") or [])
+        spec_args = SpecArgs(overrides, kwargs.pop("allow_download"))
+        return function(*args, spec_args=spec_args, **kwargs)
+
+    parameters = own + extra
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters}
+    return wrapper

@@ -1,0 +1,203 @@
+"""Build a RunSpec from a YAML file and command-line overrides, reporting every problem at once."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.models import ModelConfig
+from tunecast.catalog.resolve import resolve_model
+from tunecast.catalog.store import Catalog
+from tunecast.config.checks import catalog_problems, cross_field_problems
+from tunecast.config.messages import dotted, problem_from_error
+from tunecast.config.spec import RunSpec
+from tunecast.errors import ConfigError, Problem, TunecastError
+
+# Placeholder for a missing model while the rest of the config is checked; never leaves this module.
+_MISSING_MODEL = "<missing>"
+
+
+@dataclass(frozen=True)
+class Override:
+    """One value given on the command line: `key` is dotted, `origin` is what the user typed."""
+
+    key: str
+    value: Any
+    origin: str
+
+
+def parse_set(text: str) -> Override:
+    """'lora.dropout=0.1' → Override('lora.dropout', 0.1). Values are read as YAML scalars or lists."""
+    key, separator, raw = text.partition("=")
+    key = key.strip()
+    if not separator or not key:
+        raise TunecastError(f"--set {text!r} is not of the form key=value", field="--set",
+                            hint="write --set dotted.key=value, for example --set lora.dropout=0.05")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return Override(key, value, f"--set {key}")
+
+
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A valid RunSpec with what its names resolved to and the warnings found on the way."""
+
+    spec: RunSpec
+    source: str
+    model: ModelConfig
+    gpu: Gpu | None
+    warnings: tuple[Problem, ...] = field(default=())
+
+
+def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
+              allow_download: bool = False) -> LoadedSpec:
+    """Read `path` (optional), apply `overrides`, validate, resolve the model and GPU.
+
+    Raises ConfigError listing every problem found, each naming the key as the user wrote it and
+    where the value came from (line number or flag).
+    """
+    source = str(path) if path is not None else "command line"
+    raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    problems: list[Problem] = []
+    base_dir = path.parent.resolve() if path is not None else None
+    if path is not None:
+        raw, lines, problems = _read_file(path)
+
+    origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
+    for override in overrides:
+        if _set_dotted(raw, override.key, override.value):
+            origins[override.key] = override.origin
+        else:
+            problems.append(Problem(override.key, "cannot be set: a parent key is not a section",
+                                    "fix the parent key in the file first", location=override.origin))
+
+    def locate(key: str) -> str | None:
+        while key:
+            if key in origins:
+                return origins[key]
+            key = key.rpartition(".")[0]
+        return None
+
+    spec, field_problems = _validate(raw, locate)
+    problems.extend(field_problems)
+    model: ModelConfig | None = None
+    gpu: Gpu | None = None
+    if spec is not None:
+        problems.extend(cross_field_problems(spec, locate))
+        problems.extend(catalog_problems(spec, catalog, locate))
+        spec = _resolve_paths(spec, origins, base_dir, problems, locate)
+        if spec.model != _MISSING_MODEL:
+            model_dir = base_dir if origins.get("model", "").startswith("line") else None
+            try:
+                model = resolve_model(spec.model, catalog, base_dir=model_dir, allow_download=allow_download)
+            except TunecastError as error:
+                problems.append(Problem("model", error.message, error.hint, location=locate("model")))
+        if spec.gpus.gpu is not None:
+            gpu = catalog.gpus.find(spec.gpus.gpu)
+            if gpu is not None:
+                spec = spec.model_copy(update={"gpus": spec.gpus.model_copy(update={"gpu": gpu.slug})})
+
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or spec is None or model is None:
+        raise ConfigError(source, problems)
+    warnings = tuple(p for p in problems if p.severity == "warning")
+    return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings)
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int], list[Problem]]:
+    from tunecast.config.yamlfile import read_yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TunecastError(f"config file {path} does not exist", field="config",
+                            hint="check the path, or write a starter config with `tunecast init`") from None
+    except OSError as error:
+        raise TunecastError(f"cannot read {path}: {error.strerror}", field="config",
+                            hint="check the file's permissions") from None
+    data, lines, problems = read_yaml(text)
+    if not isinstance(data, dict):
+        problems.append(Problem(None, "the file must hold a mapping of keys (model: …, method: …)",
+                                "start from `tunecast init`"))
+        data = {}
+    return data, lines, problems
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> bool:
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            return False
+        node = child
+    node[leaf] = value
+    return True
+
+
+def _delete(data: dict[str, Any], loc: tuple[int | str, ...]) -> None:
+    """Remove the value at `loc` (or the list that holds it) so that the rest can be checked."""
+    names = [part for part in loc if isinstance(part, str)]
+    node: Any = data
+    for part in names[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return
+        node = node[part]
+    if isinstance(node, dict) and names:
+        node.pop(names[-1], None)
+
+
+def _validate(raw: dict[str, Any], locate: Any) -> tuple[RunSpec | None, list[Problem]]:
+    """Validate; on errors, drop the bad values and validate again, so that cross-field and catalog
+    checks still run on everything else and all problems are reported in one go."""
+    problems: list[Problem] = []
+    data = copy.deepcopy(raw)
+    for _attempt in range(4):
+        try:
+            return RunSpec.model_validate(data), problems
+        except ValidationError as error:
+            for item in error.errors():
+                loc = tuple(item["loc"])
+                if item["type"] == "missing" and loc == ("model",):
+                    if not any(p.field == "model" for p in problems):
+                        problems.append(problem_from_error(item, locate("model")))
+                    data["model"] = _MISSING_MODEL
+                    continue
+                problems.append(problem_from_error(item, locate(dotted(loc))))
+                _delete(data, loc)
+    return None, problems
+
+
+def _resolve_paths(spec: RunSpec, origins: dict[str, str], base_dir: Path | None,
+                   problems: list[Problem], locate: Any) -> RunSpec:
+    """Relative paths written in the file are relative to the file; those typed on the command line
+    are relative to the current directory. Local dataset files must exist."""
+
+    def absolute(key: str, value: str) -> str:
+        if "://" in value:
+            return value
+        candidate = Path(value).expanduser()
+        if not candidate.is_absolute():
+            from_file = origins.get(key, "").startswith("line")
+            candidate = (base_dir if from_file and base_dir else Path.cwd()) / candidate
+        return str(candidate.resolve())
+
+    dataset = spec.dataset
+    if dataset.path is not None:
+        resolved = absolute("dataset.path", dataset.path)
+        if "://" not in resolved and not Path(resolved).exists():
+            problems.append(Problem("dataset.path", f"{resolved} does not exist",
+                                    "check the path; a relative path is taken relative to the config file",
+                                    location=locate("dataset.path")))
+        dataset = dataset.model_copy(update={"path": resolved})
+    output = absolute("output", spec.output) if spec.output is not None else None
+    return spec.model_copy(update={"dataset": dataset, "output": output})

@@ -1,0 +1,288 @@
+"""The run specification (`RunSpec`): one YAML file that every command reads.
+
+This module is the single source of defaults. Each field's docstring states its default and, where it
+follows a library's default, which one; `tunecast init` writes these docstrings as comments.
+Cross-field rules live in `checks.py`; reading YAML and applying overrides lives in `load.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Method = Literal["full", "lora", "qlora"]
+Precision = Literal["bf16", "bf16-mixed", "fp16-mixed", "fp32", "fp8"]
+Optimizer = Literal["adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor"]
+Attention = Literal["sdpa", "flash", "eager"]
+Loss = Literal["standard", "chunked"]
+Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
+Strategy = Literal["ddp", "fsdp", "zero2", "zero3"]
+Offload = Literal["none", "optimizer", "params"]
+DatasetFormat = Literal["auto", "text", "prompt-completion", "alpaca", "sharegpt", "messages"]
+PlanAllowance = Literal[
+    "lora", "qlora", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "optimizer_in_backward",
+    "activation_offload", "chunked_loss", "offload", "fsdp",
+]
+
+PositiveInt = Annotated[int, Field(ge=1)]
+
+
+def _name_list(value: object, expected: str) -> list[str]:
+    """Accept a YAML list of names or one comma-separated string (as `--set lora.targets=q_proj,v_proj`
+    gives); anything else is an error that says what was expected."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    raise ValueError(f"must be {expected}")
+
+
+class _Section(BaseModel):
+    """Common settings: unknown keys are errors, field docstrings become descriptions."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+
+
+class LoraSpec(_Section):
+    """LoRA adapter settings (used by `method: lora` and `method: qlora`)."""
+
+    rank: PositiveInt = Field(8, examples=[16])
+    """Rank r of each adapter matrix. Default 8, as peft's `LoraConfig(r=8)`."""
+
+    alpha: int = Field(8, ge=1, examples=[16])
+    """Scaling numerator: updates are scaled by alpha / rank. Default 8, as peft's `lora_alpha=8`."""
+
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, examples=[0.05])
+    """Dropout on the adapter input. Default 0.0, as peft's `lora_dropout=0.0`."""
+
+    targets: list[str] | Literal["all-linear"] = Field("all-linear", examples=[["q_proj", "v_proj"]])
+    """Modules that get adapters: a list of module names (`[q_proj, v_proj]`, or a comma list) or
+    `all-linear` (every linear layer but the output head, as in the QLoRA paper). Default `all-linear`;
+    peft's own default when nothing is given is a per-architecture list such as q_proj, v_proj."""
+
+    dora: bool = False
+    """Weight-decomposed LoRA (DoRA, peft's `use_dora`). Default false."""
+
+    modules_to_save: list[str] = Field(default_factory=list, examples=[["lm_head"]])
+    """Modules trained in full next to the adapters and saved with them (peft's `modules_to_save`),
+    for example `[lm_head, embed_tokens]` when new tokens are added. Default: none."""
+
+    @field_validator("targets", mode="before")
+    @classmethod
+    def _targets(cls, value: object) -> object:
+        if value == "all-linear":
+            return value
+        return _name_list(value, "a list of module names (q_proj, v_proj, …) or all-linear")
+
+    @field_validator("modules_to_save", mode="before")
+    @classmethod
+    def _modules(cls, value: object) -> object:
+        return _name_list(value, "a list of module names (lm_head, embed_tokens, …)")
+
+
+class DatasetSpec(_Section):
+    """The training data: a file to read, or a declared size when planning without data at hand."""
+
+    path: str | None = Field(None, examples=["data/train.jsonl"])
+    """File or directory (JSONL, JSON, CSV, Parquet, a `datasets` save) or an fsspec URL
+    (`s3://bucket/train.jsonl`). A relative path is taken relative to the config file. Default: none."""
+
+    format: DatasetFormat = "auto"
+    """Record layout: `text`, `prompt-completion`, `alpaca`, `sharegpt`, `messages`, or `auto` to
+    detect it from the first rows. Default `auto`."""
+
+    examples: PositiveInt | None = Field(None, examples=[50000])
+    """Declared number of examples, for planning without the file. Needs `mean_tokens`. Default: none."""
+
+    mean_tokens: float | None = Field(None, gt=0, examples=[512])
+    """Declared mean tokens processed per example, prompt included. Default: none."""
+
+    mean_trained_tokens: float | None = Field(None, gt=0, examples=[256])
+    """Declared mean tokens per example that count in the loss (completion only). Default: the same
+    as `mean_tokens`."""
+
+
+class GpuSpec(_Section):
+    """Which GPUs, how many, and how the work is spread over them."""
+
+    gpu: str | None = Field(None, examples=["a100-80gb"])
+    """GPU model: a catalog slug (`rtx-4090`, `a100-80gb`, `h100-sxm`, …) or an alias (`4090`,
+    `A100-80GB`, `H100`). Default: none (the planner compares every GPU in the catalog)."""
+
+    count: PositiveInt = Field(1, examples=[8])
+    """Number of GPUs. Default 1."""
+
+    strategy: Strategy = "ddp"
+    """How work is spread over GPUs: `ddp` (a full replica per GPU), `fsdp` (FSDP2 full shard),
+    `zero2` (shard gradients and optimizer states), `zero3` (shard everything). Default `ddp`."""
+
+    offload: Offload = "none"
+    """What lives in CPU memory: `none`, `optimizer` (optimizer states and step), or `params`
+    (parameters too). Needs a sharded strategy. Default `none`."""
+
+
+class CheckpointSpec(_Section):
+    """How often training state is saved. Leave both intervals unset for the automatic interval."""
+
+    every_steps: PositiveInt | None = Field(None, examples=[500])
+    """Save every this many optimizer steps. Default: unset."""
+
+    every_minutes: float | None = Field(None, gt=0, examples=[30])
+    """Save every this many minutes of training. Default: unset. With both unset the interval is
+    automatic: the one that minimises expected lost work on spot GPUs (Young/Daly), else 30 minutes."""
+
+    keep: PositiveInt = Field(2, examples=[3])
+    """Number of newest complete checkpoints kept; older ones are deleted. Default 2."""
+
+
+class PricingSpec(_Section):
+    """Which price offers the planner considers."""
+
+    spot: bool = False
+    """Price spot (interruptible) capacity where an offer has it. Default false (on-demand)."""
+
+    providers: list[str] = Field(default_factory=list, examples=[["lambda", "runpod"]])
+    """Only these providers (names as in `tunecast offers`). Default: all."""
+
+    @field_validator("providers", mode="before")
+    @classmethod
+    def _providers(cls, value: object) -> object:
+        return _name_list(value, "a list of provider names (lambda, runpod, …)")
+
+
+class PlanSpec(_Section):
+    """What the planner may change on its own to make a run fit or go faster."""
+
+    allow: list[PlanAllowance] = Field(default_factory=list, examples=[["qlora", "adamw-8bit"]])
+    """Changes the planner may make beyond micro-batch, accumulation and checkpointing: `lora`,
+    `qlora`, `adamw-8bit`, `paged-adamw`, `paged-adamw-8bit`, `optimizer_in_backward`,
+    `activation_offload`, `chunked_loss`, `offload`, `fsdp`. Default: none."""
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow(cls, value: object) -> object:
+        return _name_list(value, "a list of allowed changes (qlora, adamw-8bit, …)")
+
+
+class RunSpec(_Section):
+    """A fine-tuning run: model, method, batch shape, optimisation, data, hardware, output."""
+
+    model: str = Field(min_length=1, examples=["meta-llama/Llama-3.1-8B"])
+    """Model: a catalog name (`meta-llama/Llama-3.1-8B`), a local model directory holding
+    config.json, or a path to a config JSON file of any name. Required."""
+
+    method: Method = "lora"
+    """`full` (every weight trained), `lora` (adapters on frozen weights), or `qlora` (adapters on
+    4-bit NF4 weights). Default `lora`."""
+
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    """LoRA adapter settings; ignored by `method: full`."""
+
+    precision: Precision = "bf16"
+    """`bf16` (weights, gradients and optimizer states in bf16, as when a model is loaded in bf16 and
+    trained), `bf16-mixed` (fp32 master weights, bf16 compute), `fp16-mixed`, `fp32`, or `fp8` (FP8
+    matmuls with bf16 master weights; GPUs with FP8 tensor cores only). Default `bf16`."""
+
+    optimizer: Optimizer = "adamw"
+    """`adamw` (torch AdamW), `adamw-8bit`, `paged-adamw`, `paged-adamw-8bit` (bitsandbytes), `sgd`,
+    or `adafactor`. Default `adamw`, as transformers' `optim`."""
+
+    optimizer_in_backward: bool = False
+    """Step the optimizer inside the backward pass, freeing each gradient at once. Default false."""
+
+    micro_batch: PositiveInt = Field(8, examples=[4])
+    """Sequences per GPU per forward pass. Default 8, as transformers' per_device_train_batch_size."""
+
+    grad_accum: PositiveInt = Field(1, examples=[4])
+    """Micro-batches accumulated per optimizer step. Default 1, as transformers'
+    gradient_accumulation_steps. Set this or `global_batch`, not both."""
+
+    global_batch: PositiveInt | None = Field(None, examples=[64])
+    """Sequences per optimizer step over all GPUs (micro_batch × grad_accum × data-parallel GPUs).
+    Default: unset (then micro_batch × grad_accum × GPUs)."""
+
+    seq_len: PositiveInt = Field(1024, examples=[2048])
+    """Maximum tokens per sequence; longer examples are truncated. Default 1024, as TRL's
+    SFTConfig.max_length."""
+
+    grad_checkpointing: Literal[True, False, "auto"] = False
+    """Recompute activations in the backward pass instead of storing them: true, false, or `auto`
+    (only when needed to fit). Default false, as transformers' gradient_checkpointing."""
+
+    activation_offload: bool = False
+    """Keep saved activations in CPU memory between forward and backward. Default false."""
+
+    attention: Attention = "sdpa"
+    """Attention kernel: `sdpa` (torch scaled_dot_product_attention), `flash` (flash-attn 2), or
+    `eager`. Default `sdpa`, as transformers' attn_implementation."""
+
+    loss: Loss = "standard"
+    """`standard` (full logits, then cross-entropy) or `chunked` (logits and loss computed in chunks of
+    tokens, never all at once). Default `standard`."""
+
+    packing: bool = False
+    """Pack several examples into each sequence (no cross-attention between them). Default false, as
+    TRL's SFTConfig.packing."""
+
+    epochs: float = Field(3.0, gt=0, examples=[1])
+    """Passes over the dataset. Default 3, as transformers' num_train_epochs."""
+
+    max_steps: PositiveInt | None = Field(None, examples=[1000])
+    """Stop after this many optimizer steps instead of a number of epochs. Default: unset."""
+
+    learning_rate: float = Field(5e-5, gt=0, examples=[2e-4])
+    """Peak learning rate. Default 5e-5, as transformers' learning_rate."""
+
+    schedule: Schedule = "linear"
+    """Learning-rate schedule after warm-up: `linear` decay to zero, `cosine`, `constant`, or
+    `constant_with_warmup`. Default `linear`, as transformers' lr_scheduler_type."""
+
+    warmup_steps: int = Field(0, ge=0, examples=[100])
+    """Optimizer steps of linear warm-up. Default 0, as transformers."""
+
+    warmup_ratio: float = Field(0.0, ge=0.0, lt=1.0, examples=[0.03])
+    """Warm-up as a fraction of all steps; set this or `warmup_steps`. Default 0.0."""
+
+    weight_decay: float = Field(0.0, ge=0.0, examples=[0.01])
+    """AdamW weight decay. Default 0.0, as transformers."""
+
+    max_grad_norm: float = Field(1.0, ge=0.0, examples=[1.0])
+    """Gradient clipping norm (0 turns clipping off). Default 1.0, as transformers."""
+
+    seed: int = Field(42, ge=0, examples=[1234])
+    """Seed for every random number generator. Default 42, as transformers."""
+
+    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
+    """The training data, or its declared size."""
+
+    gpus: GpuSpec = Field(default_factory=GpuSpec)
+    """GPU model, count, and multi-GPU strategy."""
+
+    output: str | None = Field(None, examples=["runs/llama-lora", "s3://bucket/runs/llama-lora"])
+    """Where checkpoints, metrics and the final model go: a path or an fsspec URL. A relative path is
+    taken relative to the config file. Default: `runs/<model name>-<method>` in the current directory."""
+
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """How often training state is saved, and how many checkpoints are kept."""
+
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
+    """Which price offers are compared."""
+
+    plan: PlanSpec = Field(default_factory=PlanSpec)
+    """What the planner may change by itself."""
+
+    def fixed(self, dotted_key: str) -> bool:
+        """True when the user set this key (in the file or on the command line) rather than the default."""
+        node: BaseModel = self
+        *parents, leaf = dotted_key.split(".")
+        for part in parents:
+            if part not in node.model_fields_set:
+                return False
+            node = getattr(node, part)
+        return leaf in node.model_fields_set
+
+    @property
+    def default_output(self) -> str:
+        short = self.model.rstrip("/").split("/")[-1].removesuffix(".json")
+        return f"runs/{short}-{self.method}"

@@ -1,0 +1,1 @@
+"""Estimators: model shape, memory, compute. Pure functions; torch is imported only where needed."""
