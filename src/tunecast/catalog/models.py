@@ -8,6 +8,7 @@ never needs torch.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,9 @@ class ModelEntry(CatalogRow):
 
 
 MODEL_COLUMNS = ModelEntry.columns()
+
+# Suffixes of fine-tuned variants whose architecture is that of the base model.
+_VARIANT_SUFFIX = re.compile(r"[-_](instruct|chat|it|hf|base|sft|dpo)(-v?[\d.]+)?$", re.IGNORECASE)
 
 Origin = Literal["catalog", "directory", "file", "downloaded"]
 
@@ -151,10 +155,15 @@ class ModelIndex:
         return self._entries[name][1]
 
     def suggestion(self, name: str) -> str | None:
-        """'Did you mean …?' over full ids, matching the part after the slash too."""
+        """'Did you mean …?' over full ids, matching the part after the slash too. A chat or instruct
+        variant of a catalog model comes first: fine-tuned variants share the base architecture."""
         full_by_short = {n.split("/")[-1]: n for n in self._entries}
         close = did_you_mean(name, [*self._entries, *full_by_short], n=6, cutoff=0.5)
-        names = list(dict.fromkeys(full_by_short.get(c, c) for c in close))[:3]
+        names = [full_by_short.get(c, c) for c in close]
+        base = _VARIANT_SUFFIX.sub("", name.strip())
+        if base != name.strip() and base.lower() in self._by_key:
+            names.insert(0, self._by_key[base.lower()])
+        names = list(dict.fromkeys(names))[:3]
         if not names:
             return None
         return "Did you mean " + " or ".join(repr(n) for n in names) + "?"

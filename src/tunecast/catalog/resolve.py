@@ -100,7 +100,8 @@ def download_config(repo_id: str) -> Path:
 
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     try:
-        fetched = hf_hub_download(repo_id, "config.json", cache_dir=cache_dir() / "hf")
+        fetched = hf_hub_download(repo_id, "config.json", cache_dir=cache_dir() / "hf", endpoint=endpoint,
+                                  token=os.environ.get("HF_TOKEN") or None)
     except GatedRepoError:
         raise TunecastError(
             f"{repo_id} is gated: the Hub refused its config.json without access", field="model",

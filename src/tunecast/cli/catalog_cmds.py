@@ -211,7 +211,8 @@ def models_add_command(
     if json_output:
         print_json({"name": entry.name, "params": entry.params, "file": str(path)})
         return
-    out.print(f"Added {escape(entry.name)} ({format_params(entry.params)} parameters) to {escape(str(path.parent.parent))}")
+    catalog_dir = escape(str(path.parent.parent))
+    out.print(f"Added {escape(entry.name)} ({format_params(entry.params)} parameters) to {catalog_dir}")
 
 
 def register(app: typer.Typer) -> None:

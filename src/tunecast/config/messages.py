@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
 from tunecast.config.spec import RunSpec
-from tunecast.errors import Problem, suggestion_text
+from tunecast.errors import Problem, did_you_mean, suggestion_text
 
 _COMPARISONS = {
     "greater_than_equal": ("ge", "≥"),
@@ -100,13 +100,13 @@ def _literal_choices(path: tuple[str, ...]) -> list[str]:
 
 
 def unknown_key_hint(key_path: tuple[str, ...]) -> str:
+    """'Did you mean …?' among the keys of the same section, then among keys of other sections."""
     model = model_at(key_path)
     siblings = list(model.model_fields) if model else []
-    key = key_path[-1]
-    prefix = ".".join(key_path[:-1])
-    near = suggestion_text(key, siblings)
+    *parents, key = key_path
+    near = did_you_mean(key, siblings)
     if near:
-        return near.replace("'", f"'{prefix}." if prefix else "'", 1).replace(", '", f", '{prefix}." if prefix else ", '")
+        return "Did you mean " + " or ".join(repr(".".join((*parents, n))) for n in near) + "?"
     # A key of another section written at this level: `rank:` at the top for `lora.rank`.
     elsewhere = [k for k in all_keys() if k.split(".")[-1] == key]
     if elsewhere:
@@ -114,7 +114,7 @@ def unknown_key_hint(key_path: tuple[str, ...]) -> str:
     near_anywhere = suggestion_text(".".join(key_path), all_keys())
     if near_anywhere:
         return near_anywhere
-    where = f"in {prefix}" if prefix else "at the top level"
+    where = f"in {'.'.join(parents)}" if parents else "at the top level"
     return f"remove it; keys {where}: {', '.join(siblings)}"
 
 

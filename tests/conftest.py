@@ -1,0 +1,71 @@
+"""Shared fixtures. Every test runs with its own empty user catalog and cache, so a developer's own
+catalog never changes a result, and calls the real entry point (`tunecast.cli.main`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunecast.catalog.store import load_catalog
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("TUNECAST_CATALOG", str(home / "catalog"))
+    monkeypatch.setenv("TUNECAST_CACHE", str(home / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("TUNECAST_DEBUG", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    load_catalog.cache_clear()
+    return home
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    """Run `tunecast ARGS…` in this process through the real entry point; return code and output."""
+    from tunecast.cli import main
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        try:
+            main(list(args))
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        else:  # pragma: no cover - main always exits
+            code = 0
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def run_subprocess(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> Result:
+    """Run a command in a fresh interpreter (for import checks and the installed console script)."""
+    completed = subprocess.run(
+        list(args), capture_output=True, text=True, env={**os.environ, **(env or {})}, cwd=cwd or REPO,
+        timeout=300,
+    )
+    return Result(completed.returncode, completed.stdout, completed.stderr)
+
+
+PYTHON = sys.executable

@@ -1,0 +1,195 @@
+"""The command line end to end, through the real entry point."""
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.conftest import PYTHON, REPO, run_subprocess
+
+CANONICAL = ["rtx-3090", "rtx-4090", "rtx-5090", "rtx-a6000", "rtx-6000-ada", "rtx-pro-6000", "l4", "l40s",
+             "a10g", "a100-40gb", "a100-80gb", "a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200", "b200",
+             "mi300x"]
+BAD_CONFIG = "model: meta-llama/Llama-3.1-8B\nlora:\n  rnak: 16\nseq_len: -5\ngpus:\n  gpu: h1000\n"
+
+
+def test_gpus_json_lists_every_canonical_slug_with_its_figures(cli) -> None:
+    result = cli("gpus", "--json")
+    assert result.code == 0
+    gpus = {item["slug"]: item for item in result.json()}
+    assert set(CANONICAL) <= set(gpus)
+    for item in gpus.values():
+        assert {"slug", "name", "memory_gib", "usable_memory_gib", "bf16_tflops", "memory_bandwidth_gb_per_s",
+                "interconnect", "tdp_w", "schema_version", "source", "as_of"} <= set(item)
+    h100 = gpus["h100-sxm"]
+    assert (h100["memory_gib"], h100["bf16_tflops"], h100["memory_bandwidth_gb_per_s"]) == (80, 989, 3350)
+
+
+def test_gpus_table(cli) -> None:
+    result = cli("gpus", "--min-memory", "100")
+    assert result.code == 0 and "h200" in result.stdout and "rtx-4090" not in result.stdout
+
+
+def test_offers_json_has_the_quoted_figures(cli) -> None:
+    offers = cli("offers", "--json").json()
+    for item in offers:
+        assert {"provider", "gpu", "gpu_count", "usd_per_hour", "spot_usd_per_hour", "as_of", "source",
+                "schema_version"} <= set(item)
+    figures = {(o["provider"], o["gpu"], o["usd_per_hour"]) for o in offers}
+    assert {("thunder-compute", "a100-80gb", 0.78), ("thunder-compute", "rtx-a6000", 0.35),
+            ("market-median", "rtx-4090", 0.435)} <= figures
+    assert any(o["spot_usd_per_hour"] is None for o in offers)
+
+
+def test_offers_filters(cli) -> None:
+    offers = cli("offers", "--gpu", "H100", "--spot", "--json").json()
+    assert offers and all(o["gpu"] == "h100-sxm" and o["spot_usd_per_hour"] for o in offers)
+    bad = cli("offers", "--provider", "lamda")
+    assert bad.code == 2 and "lambda" in bad.stderr
+
+
+def test_models_json(cli) -> None:
+    models = {m["name"]: m for m in cli("models", "--json").json()}
+    assert len(models) >= 25
+    assert models["meta-llama/Llama-3.1-8B"]["params"] == 8_030_261_248
+    assert models["meta-llama/Llama-3.2-1B"]["params"] == 1_235_814_400
+    assert models["Qwen/Qwen3-0.6B"]["params"] == 596_049_920
+    assert all(m["model_type"] and m["params"] > 0 for m in models.values())
+
+
+def test_validate_reports_three_mistakes_at_once(cli, tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD_CONFIG)
+    result = cli("validate", str(path))
+    assert result.code == 2 and "Traceback" not in result.stderr + result.stdout
+    for text in ("lora.rnak (line 3)", "Did you mean 'lora.rank'", "seq_len (line 4)", "for example 2048",
+                 "gpus.gpu (line 6)", "h100-sxm", "3 problems"):
+        assert text in result.stderr
+
+
+def test_validate_json_error_document(cli, tmp_path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD_CONFIG)
+    result = cli("validate", str(path), "--json")
+    assert result.code == 2
+    document = result.json()
+    assert document["schema_version"] == 1
+    assert {"message", "field", "hint"} <= set(document["error"])
+    assert [p["field"] for p in document["error"]["problems"]] == ["lora.rnak", "seq_len", "gpus.gpu"]
+
+
+def test_validate_show_prints_defaults_filled_in(cli) -> None:
+    import yaml
+
+    result = cli("validate", str(REPO / "examples/llama-3.1-8b-lora.yaml"), "--show", "--gpu", "4090")
+    resolved = yaml.safe_load(result.stdout)
+    assert result.code == 0
+    assert resolved["gpus"]["gpu"] == "rtx-4090" and resolved["lora"]["rank"] == 16
+    assert resolved["attention"] == "sdpa" and resolved["output"].endswith("runs/Llama-3.1-8B-lora")
+
+
+def test_flags_without_a_file(cli) -> None:
+    result = cli("validate", "--model", "Qwen/Qwen3-0.6B", "--method", "full", "--set", "lora.dropout=0.1", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["spec"]["method"] == "full" and result.json()["model"]["params"] == 596_049_920
+
+
+def test_bad_flag_value_names_the_flag(cli) -> None:
+    result = cli("validate", "--model", "Qwen/Qwen3-0.6B", "--method", "qlorra")
+    assert result.code == 2 and "method (--method)" in result.stderr and "Did you mean 'qlora'" in result.stderr
+
+
+def test_unknown_option_is_a_usage_error(cli) -> None:
+    result = cli("gpus", "--bogus")
+    assert result.code == 2 and "No such option" in result.stderr
+
+
+def test_init_writes_a_valid_starter_and_never_overwrites(cli, tmp_path) -> None:
+    path = tmp_path / "run.yaml"
+    assert cli("init", str(path), "--model", "Qwen/Qwen3-0.6B").code == 0
+    assert cli("validate", str(path)).code == 0
+    again = cli("init", str(path))
+    assert again.code == 2 and "already exists" in again.stderr and "--force" in again.stderr
+
+
+def test_models_add_to_the_user_catalog(cli, tmp_path) -> None:
+    config = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000, "tie_word_embeddings": True}
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(config))
+    added = cli("models", "add", str(path), "--name", "me/tiny", "--source", "written for the test", "--json")
+    assert added.code == 0, added.stderr
+    # 1000×64 embedding (tied) + 2 layers × (q 64×64, k,v 64×32 each, o 64×64, mlp 3×64×128, 2 norms) + norm
+    expected = 1000 * 64 + 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 128 + 2 * 64) + 64
+    assert added.json()["params"] == expected
+    listed = {m["name"]: m for m in cli("models", "--json").json()}
+    assert listed["me/tiny"]["params"] == expected
+
+
+def test_version(cli) -> None:
+    result = cli("--version")
+    assert result.code == 0 and result.stdout.startswith("tunecast 0.1.0 (catalog ")
+
+
+def test_import_skypilot_command(cli, tmp_path) -> None:
+    path = tmp_path / "lambda" / "vms.csv"
+    path.parent.mkdir()
+    path.write_text("InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice\n"
+                    "gpu_8x_h100_sxm5,H100,8.0,208.0,1800.0,23.92,us-east-1,,\n")
+    result = cli("offers", "import-skypilot", str(path), "--as-of", "2026-11-20", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["imported"] == 1
+    offers = cli("offers", "--provider", "lambda", "--gpu", "h100-sxm", "--json").json()
+    assert any(o["usd_per_hour"] == pytest.approx(2.99) and o["as_of"] == "2026-11-20" for o in offers)
+
+
+@pytest.mark.parametrize("example", sorted(str(p.relative_to(REPO)) for p in (REPO / "examples").rglob("*.yaml")))
+def test_every_shipped_example_is_valid(cli, example: str) -> None:
+    first_line = (REPO / example).read_text().splitlines()[0]
+    assert first_line.startswith("# tunecast "), "each example starts with the command that runs it"
+    result = cli("validate", str(REPO / example))
+    assert result.code == 0, result.stderr
+
+
+def test_examples_exist() -> None:
+    assert (REPO / "examples/llama-3.1-8b-lora.yaml").is_file()
+
+
+# In fresh interpreters: what the console script imports and how it exits.
+
+NO_TORCH = """
+import sys
+from tunecast.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as done:
+    code = done.code
+heavy = sorted(m for m in ("torch", "transformers", "peft", "accelerate") if m in sys.modules)
+sys.stderr.write(f"HEAVY={heavy} CODE={code}\\n")
+"""
+
+
+@pytest.mark.parametrize("args", [["gpus"], ["offers", "--json"], ["models"], ["validate",
+                                  "examples/llama-3.1-8b-lora.yaml"], ["validate", "--model", "nope/nope"]])
+def test_light_commands_never_import_torch(args: list[str]) -> None:
+    result = run_subprocess(PYTHON, "-c", NO_TORCH, *args)
+    assert "HEAVY=[]" in result.stderr, result.stderr
+
+
+def test_console_script_and_python_m_agree(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_CONFIG)
+    module = run_subprocess(PYTHON, "-m", "tunecast", "validate", str(bad))
+    assert module.code == 2 and "Traceback" not in module.stderr and "3 problems" in module.stderr
+    version = run_subprocess(PYTHON, "-m", "tunecast", "--version")
+    assert version.code == 0 and "tunecast" in version.stdout
+
+
+def test_internal_errors_are_short_without_debug(tmp_path: Path) -> None:
+    script = ("import sys\nimport tunecast.cli.catalog_cmds as c\n"
+              "def boom(*a, **k):\n    raise RuntimeError('boom')\n"
+              "c.state = lambda ctx: type('S', (), {'catalog': boom})()\n"
+              "from tunecast.cli import main\nmain(sys.argv[1:])\n")
+    plain = run_subprocess(PYTHON, "-c", script, "gpus")
+    assert plain.code == 1 and "internal error" in plain.stderr and "Traceback" not in plain.stderr
+    debug = run_subprocess(PYTHON, "-c", script, "--debug", "gpus")
+    assert debug.code == 1 and "Traceback" in debug.stderr
