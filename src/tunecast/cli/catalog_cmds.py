@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -48,7 +49,7 @@ def gpus_command(
     if json_output:
         print_json([g.document() for g in gpus])
         return
-    table = Table(title=f"GPUs (catalog {catalog.version})", title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, title=f"GPUs (catalog {catalog.version})", title_justify="left")
     for heading, justify in (("gpu", "left"), ("memory GiB", "right"), ("usable GiB", "right"),
                              ("bf16 TFLOPS", "right"), ("fp8 TFLOPS", "right"), ("HBM/GDDR GB/s", "right"),
                              ("link GB/s", "left"), ("TDP W", "right"), ("price", "right")):
@@ -85,31 +86,38 @@ def offers_command(
     if json_output:
         print_json([_offer_doc(o, on) for o in offers])
         return
-    table = Table(title=f"Price offers (catalog {catalog.version}; USD per GPU-hour)", title_justify="left")
-    for heading, justify in (("gpu", "left"), ("provider", "left"), ("GPUs/node", "right"),
-                             ("on-demand", "right"), ("spot", "right"), ("billing", "left"),
-                             ("volume $/GB-mo", "right"), ("as of", "left"), ("source", "left")):
-        table.add_column(heading, justify=justify)  # type: ignore[arg-type]
+    only_gpu = offers[0].gpu if gpu is not None and offers else None
+    title = f"Price offers{f' for {only_gpu}' if only_gpu else ''} (catalog {catalog.version}; USD per GPU-hour)"
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    columns = [("gpu", "left")] if only_gpu is None else []
+    columns += [("provider", "left"), ("GPUs", "right"), ("on-demand", "right"), ("spot", "right"),
+                ("billing", "left"), ("disk $/GB·mo", "right"), ("as of", "left"), ("source", "left")]
+    for heading, justify in columns:
+        table.add_column(heading, justify=justify, no_wrap=True,  # type: ignore[arg-type]
+                         max_width=22 if heading == "source" else None, overflow="ellipsis",
+                         min_width=7 if heading in ("on-demand", "spot") else None)
     stale = 0
     for o in offers:
         as_of = o.as_of.isoformat()
         if o.is_stale(on):
             stale += 1
-            as_of = f"[yellow]{as_of} (old)[/]"
-        table.add_row(o.gpu, o.provider, str(o.gpu_count), format_usd(o.usd_per_hour),
-                      format_usd(o.spot_usd_per_hour) if o.spot_usd_per_hour else "—", _billing(o),
-                      f"{o.volume_usd_per_gb_month:g}" if o.volume_usd_per_gb_month is not None else "—",
-                      as_of, escape(_short_source(o.source)))
+            as_of = f"[yellow]{as_of}*[/]"
+        cells = [o.gpu] if only_gpu is None else []
+        cells += [o.provider, str(o.gpu_count), format_usd(o.usd_per_hour),
+                  format_usd(o.spot_usd_per_hour) if o.spot_usd_per_hour else "—", _billing(o),
+                  f"{o.volume_usd_per_gb_month:g}" if o.volume_usd_per_gb_month is not None else "—",
+                  as_of, escape(_short_source(o.source))]
+        table.add_row(*cells)
     out.print(table)
     if stale:
-        err.print(f"[yellow]{stale} offer(s) are older than 90 days; prices may have moved.[/]")
+        err.print(f"[yellow]* {stale} offer(s) are older than 90 days; prices may have moved.[/]")
 
 
 def _billing(offer: Offer) -> str:
-    unit = {1: "per second", 60: "per minute", 3600: "per hour"}.get(offer.billing_increment_s,
-                                                                     f"per {offer.billing_increment_s} s")
-    if offer.minimum_charge_s:
-        unit += f", min {offer.minimum_charge_s} s"
+    unit = {1: "per s", 60: "per min", 3600: "per h"}.get(offer.billing_increment_s,
+                                                          f"per {offer.billing_increment_s} s")
+    if offer.minimum_charge_s > offer.billing_increment_s:
+        unit += f", ≥{offer.minimum_charge_s} s"
     return unit
 
 
@@ -184,7 +192,7 @@ def models_command(
     if json_output:
         print_json(documents)
         return
-    table = Table(title=f"Models (catalog {catalog.version})", title_justify="left")
+    table = Table(box=box.SIMPLE_HEAD, title=f"Models (catalog {catalog.version})", title_justify="left")
     for heading, justify in (("name", "left"), ("type", "left"), ("params", "right"), ("layers", "right"),
                              ("hidden", "right"), ("vocab", "right"), ("experts", "right"), ("context", "right")):
         table.add_column(heading, justify=justify)  # type: ignore[arg-type]

@@ -14,8 +14,8 @@ from tunecast.errors import Problem, TunecastError
 from tunecast.version import SCHEMA_VERSION
 
 # Piped or captured output is not squeezed to 80 columns: tables stay readable in files and READMEs.
-out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 120)
+out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 130)
+err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 130)
 
 
 def print_json(document: dict[str, Any] | list[dict[str, Any]]) -> None:
