@@ -18,11 +18,13 @@ from pathlib import Path
 from tunecast.catalog.gpus import Gpu, GpuIndex
 from tunecast.catalog.models import ModelEntry, ModelIndex
 from tunecast.catalog.offers import Offer
+from tunecast.catalog.overheads import Overhead
 from tunecast.catalog.rows import parse_rows
 from tunecast.errors import ConfigError, Problem, TunecastError
 
 GPUS_FILE = "gpus.csv"
 OFFERS_FILE = "offers.csv"
+OVERHEADS_FILE = "overheads.csv"
 MODELS_FILE = "models.csv"
 MODELS_DIR = "models"
 
@@ -40,6 +42,7 @@ class Catalog:
     offers: tuple[Offer, ...]
     models: ModelIndex
     user_dir: Path | None
+    overheads: tuple[Overhead, ...] = ()
 
     @property
     def providers(self) -> list[str]:
@@ -98,6 +101,8 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
     gpus = {gpu.slug: gpu for gpu in parse_rows(_read(bundled / GPUS_FILE), Gpu, GPUS_FILE)}
     offers = parse_rows(_read(bundled / OFFERS_FILE), Offer, OFFERS_FILE)
     models = _model_entries(bundled, "catalog")
+    overheads = {(row.name, row.architecture): row
+                 for row in parse_rows(_read(bundled / OVERHEADS_FILE), Overhead, OVERHEADS_FILE)}
 
     active_user_dir = user_dir if user_dir is not None and user_dir.is_dir() else None
     user_offers: list[Offer] = []
@@ -109,6 +114,9 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         if (active_user_dir / OFFERS_FILE).exists():
             user_offers = parse_rows(_read(active_user_dir / OFFERS_FILE), Offer, f"{label}/{OFFERS_FILE}")
         models.update(_model_entries(active_user_dir, label))
+        if (active_user_dir / OVERHEADS_FILE).exists():
+            for row in parse_rows(_read(active_user_dir / OVERHEADS_FILE), Overhead, f"{label}/{OVERHEADS_FILE}"):
+                overheads[(row.name, row.architecture)] = row
 
     index = GpuIndex(gpus.values())
     merged = {offer.key: offer for offer in _canonical_offers(offers, index, "catalog")}
@@ -121,6 +129,7 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         offers=tuple(merged.values()),
         models=ModelIndex(models),
         user_dir=active_user_dir,
+        overheads=tuple(overheads.values()),
     )
 
 

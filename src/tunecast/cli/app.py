@@ -68,10 +68,11 @@ def state(ctx: typer.Context) -> State:
 
 
 def _register() -> None:
-    from tunecast.cli import catalog_cmds, config_cmds
+    from tunecast.cli import catalog_cmds, config_cmds, estimate_cmds
 
     catalog_cmds.register(app)
     config_cmds.register(app)
+    estimate_cmds.register(app)
 
 
 _register()

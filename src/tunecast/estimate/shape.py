@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -10,12 +11,59 @@ from tunecast.errors import TunecastError
 if TYPE_CHECKING:
     import torch
 
+# Keys that list one entry per decoder layer; a shallow copy of the model keeps the first k entries.
+_PER_LAYER_KEYS = ("layer_types",)
+
+
+def text_config_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config (itself, or its `text_config` for multimodal configs), as a
+    deep copy: transformers edits nested entries such as `rope_scaling` in place."""
+    inner = data.get("text_config")
+    chosen = inner if isinstance(inner, dict) and "model_type" in inner else data
+    return copy.deepcopy(chosen)
+
+
+def num_layers(data: dict[str, Any]) -> int:
+    config = text_config_data(data)
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        value = config.get(key)
+        if isinstance(value, int):
+            return value
+    raise TunecastError("the model config has no layer count (num_hidden_layers)", field="model",
+                        hint="give a decoder-only model's config.json")
+
+
+def layer_period(data: dict[str, Any]) -> int:
+    """The smallest repeat of the per-layer pattern (2 for alternating sliding/full attention, else 1)."""
+    config = text_config_data(data)
+    for key in _PER_LAYER_KEYS:
+        pattern = config.get(key)
+        if isinstance(pattern, list) and pattern:
+            for period in range(1, len(pattern) + 1):
+                if all(pattern[i] == pattern[i % period] for i in range(len(pattern))):
+                    return period
+    return 1
+
+
+def shallow_config_data(data: dict[str, Any], layers: int) -> dict[str, Any]:
+    """The same architecture with only its first `layers` decoder layers."""
+    config = text_config_data(data)
+    for key in ("num_hidden_layers", "n_layer", "num_layers"):
+        if isinstance(config.get(key), int):
+            config[key] = layers
+    for key in _PER_LAYER_KEYS:
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:layers]
+    if isinstance(config.get("mlp_only_layers"), list):
+        config["mlp_only_layers"] = [i for i in config["mlp_only_layers"] if i < layers]
+    return config
+
 
 def hf_config(data: dict[str, Any], *, name: str = "model") -> Any:
     """A transformers config object from a config.json's contents."""
     from transformers import AutoConfig
 
-    fields = dict(data)
+    fields = text_config_data(data)
     model_type = fields.pop("model_type")
     try:
         return AutoConfig.for_model(model_type, **fields)
@@ -26,21 +74,32 @@ def hf_config(data: dict[str, Any], *, name: str = "model") -> Any:
         ) from None
 
 
-def build_meta_model(data: dict[str, Any], *, name: str = "model") -> torch.nn.Module:
-    """The causal-LM model of a config on the meta device: its real modules, shapes and tied weights."""
+def build_meta_model(data: dict[str, Any], *, name: str = "model", dtype: Any = None,
+                     attention: str | None = None) -> torch.nn.Module:
+    """The causal-LM model of a config on the meta device: its real modules, shapes and tied weights.
+
+    `attention` asks for an attention implementation (`sdpa`, `eager`); a model that does not support
+    it gets transformers' own choice, readable afterwards from `model.config._attn_implementation`.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
-    config = hf_config(data, name=name)
+    kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
+    # A model that does not support the asked attention gets transformers' own choice; the config is
+    # built afresh for it, since a failed attempt leaves its choice written in the config.
+    attempts = [{"attn_implementation": attention}, {}] if attention is not None else [{}]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with torch.device("meta"):
+        for number, attempt in enumerate(attempts, start=1):
             try:
-                return AutoModelForCausalLM.from_config(config)
-            except ValueError as error:
-                raise TunecastError(f"{name} is not a causal language model transformers can build: {error}",
-                                    field="model", hint="tunecast fine-tunes decoder-only (causal LM) models")\
-                    from None
+                with torch.device("meta"):
+                    return AutoModelForCausalLM.from_config(hf_config(data, name=name), **attempt, **kwargs)
+            except (ValueError, ImportError) as error:
+                if number == len(attempts):
+                    raise TunecastError(f"{name} is not a causal language model transformers can build: {error}",
+                                        field="model",
+                                        hint="tunecast fine-tunes decoder-only (causal LM) models") from None
+    raise AssertionError("unreachable")
 
 
 def count_parameters(module: torch.nn.Module) -> int:

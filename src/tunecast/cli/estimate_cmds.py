@@ -1,0 +1,110 @@
+"""`tunecast memory`: peak GPU (or CPU) memory of a training step, and whether it fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from tunecast.cli.app import state
+from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.config.load import LoadedSpec
+from tunecast.estimate.answer import MemoryAnswer, answer_memory
+from tunecast.units import format_params
+
+LABELS = {"weights": "frozen weights", "trainable_weights": "trainable weights", "gradients": "gradients",
+          "optimizer": "optimizer states", "activations": "activations", "temporaries": "temporaries",
+          "quantization": "quantization constants", "overhead": "overhead"}
+
+
+@spec_command
+def memory_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu.")] = "cuda",
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    *,
+    spec_args: SpecArgs,
+) -> None:
+    """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
+    With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
+    loaded = load_from_cli(ctx, config, spec_args)
+    with err.status(f"Estimating the memory of {escape(loaded.model.name)} (tracing on first use)…"):
+        answer = answer_memory(loaded, state(ctx).catalog(), device=device)
+    if json_output:
+        print_json(answer.as_dict(loaded))
+        return
+    _render(loaded, answer)
+    print_problems(list(loaded.warnings))
+
+
+def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
+    spec, estimate = loaded.spec, answer.estimate
+    method = spec.method if spec.method == "full" else (
+        f"{spec.method} r{spec.lora.rank} "
+        f"{spec.lora.targets if isinstance(spec.lora.targets, str) else ','.join(spec.lora.targets)}")
+    params = f" ({format_params(loaded.model.params)})" if loaded.model.params else ""
+    checkpointing = "checkpointing" if answer.grad_checkpointing else "no checkpointing"
+    gpus = f"{spec.gpus.count} GPUs {spec.gpus.strategy}" if spec.gpus.count > 1 else "1 GPU"
+    out.print(f"[bold]{escape(loaded.model.name)}[/]{params} · {method} · {spec.precision} · {spec.optimizer} · "
+              f"micro-batch {estimate.micro_batch} × {estimate.seq_len} tokens · {checkpointing} · {gpus}")
+    where = "per GPU" if estimate.device == "cuda" else "on the CPU"
+    table = Table(box=box.SIMPLE_HEAD, title=f"Peak memory {where}", title_justify="left")
+    table.add_column("")
+    table.add_column("GiB", justify="right")
+    table.add_column("")
+    if estimate.device == "cuda":
+        table.add_row("allocated", f"{estimate.peak_allocated_gib:.2f}", "torch.cuda.max_memory_allocated")
+        table.add_row("reserved", f"{estimate.peak_reserved_gib:.2f}", "torch.cuda.max_memory_reserved")
+        table.add_row("[bold]device total[/]", f"[bold]{estimate.device_total_gib:.2f}[/]",
+                      "what nvidia-smi shows: reserved + CUDA context")
+    else:
+        table.add_row("live tensors", f"{estimate.peak_allocated_gib:.2f}", "peak of tensor bytes")
+        table.add_row("[bold]resident growth[/]", f"[bold]{estimate.device_total_gib:.2f}[/]",
+                      "process RSS above its start: tensors + framework")
+    table.add_row("peak in", estimate.peak_phase, "")
+    if estimate.host_ram_gib:
+        table.add_row("host RAM", f"{estimate.host_ram_gib:.2f}", "offloaded to CPU memory")
+    if estimate.managed_gib:
+        table.add_row("managed", f"{estimate.managed_gib:.2f}", "paged optimizer states (CUDA managed memory)")
+    table.add_section()
+    for key, value in estimate.breakdown_gib.items():
+        if abs(value) >= 0.0005:
+            table.add_row(f"  {LABELS[key]}", f"{value:.2f}", "")
+    out.print(table)
+    for note in estimate.notes:
+        out.print(f"[dim]· {escape(note)}[/]")
+    if answer.fit is None:
+        return
+    fit = answer.fit
+    verdict = (f"[green]fits[/] with {fit.headroom_gib:.1f} GiB to spare" if fit.fits
+               else f"[red]does not fit[/]: {-fit.headroom_gib:.1f} GiB over")
+    out.print(f"\nOn [bold]{fit.gpu}[/] ({fit.capacity_gib:.2f} GiB usable): {verdict}")
+    longest = f"{fit.max_seq_len:,} tokens" + (" (the model's context length)" if fit.max_seq_len_capped else "")
+    out.print(f"  largest micro-batch at {estimate.seq_len} tokens: {fit.max_micro_batch}; "
+              f"longest sequence at micro-batch {estimate.micro_batch}: {longest}")
+    for warning in fit.warnings:
+        out.print(f"  [yellow]! {escape(warning)}[/]")
+    if fit.suggestions:
+        changes = Table(box=box.SIMPLE_HEAD, title="What would make it fit", title_justify="left")
+        changes.add_column("")
+        changes.add_column("change")
+        changes.add_column("device GiB", justify="right")
+        changes.add_column("as --set")
+        for suggestion in fit.suggestions:
+            mark = "[green]✓[/]" if suggestion.fits else "[red]✗[/]"
+            sets = " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}"
+                            for k, v in suggestion.settings.items())
+            changes.add_row(mark, escape(suggestion.change), f"{suggestion.device_total_gib:.1f}", escape(sets))
+        out.print(changes)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("memory")(memory_command)

@@ -1,0 +1,130 @@
+"""A simulation of PyTorch's CUDA caching allocator, replaying a trace's allocations and frees.
+
+`torch.cuda.max_memory_allocated` counts blocks rounded up to 512 bytes; `max_memory_reserved` counts the
+segments the allocator obtained from cudaMalloc, which it keeps and reuses instead of returning. Which
+segments exist depends on the order and sizes of every allocation, so this replays them with the rules of
+c10/cuda/CUDACachingAllocator.cpp (default configuration, one stream):
+
+* sizes round up to a multiple of 512 bytes (kMinBlockSize);
+* requests up to 1 MiB (kSmallSize) come from a small pool of 2 MiB segments (kSmallBuffer); larger ones
+  from a large pool, whose new segments are 20 MiB (kLargeBuffer) for requests under 10 MiB
+  (kMinLargeAlloc) and the request rounded up to 2 MiB (kRoundLarge) above that;
+* a request takes the smallest free block of its pool that fits (ties: lowest address) and splits it
+  when the remainder is at least 512 bytes (small pool) or more than 1 MiB (large pool);
+* a freed block merges with free neighbours of its segment; segments are never released (no OOM retry
+  and no `empty_cache` in a training step that fits).
+
+Not modelled: `expandable_segments`, `max_split_size_mb`, and the release-and-retry path taken when
+the device runs out of memory (which only lowers the reserve of a run at the edge of fitting).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+MIN_BLOCK = 512
+SMALL_SIZE = 1 << 20
+SMALL_BUFFER = 2 << 20
+LARGE_BUFFER = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def round_size(nbytes: int) -> int:
+    """The block size the allocator hands out (and counts as allocated) for a request of `nbytes`."""
+    if nbytes < MIN_BLOCK:
+        return MIN_BLOCK
+    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+
+
+def segment_size(size: int) -> int:
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+@dataclass
+class _Block:
+    address: int
+    size: int
+    small: bool
+    free: bool = True
+    prev: _Block | None = None
+    next: _Block | None = None
+
+
+@dataclass
+class CachingAllocator:
+    """Replays malloc/free; `reserved` and `peak_reserved` are what torch.cuda would report."""
+
+    reserved: int = 0
+    peak_reserved: int = 0
+    allocated: int = 0
+    peak_allocated: int = 0
+    _pools: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
+    _by_address: dict[int, _Block] = field(default_factory=dict)
+    _next_address: int = 0
+
+    def malloc(self, nbytes: int) -> int:
+        """Allocate; returns the block's address, the handle for `free`."""
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool = self._pools[small]
+        index = bisect.bisect_left(pool, (size, -1, -1))
+        if index < len(pool):
+            _, address, _ = pool.pop(index)
+            block = self._by_address[address]
+        else:
+            block = self._new_segment(segment_size(size), small)
+        remainder = block.size - size
+        if (small and remainder >= MIN_BLOCK) or (not small and remainder > SMALL_SIZE):
+            rest = _Block(block.address + size, remainder, small, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            self._by_address[rest.address] = rest
+            self._insert(rest)
+        block.free = False
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        return block.address
+
+    def free(self, address: int) -> None:
+        block = self._by_address[address]
+        self.allocated -= block.size
+        block.free = True
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and neighbour.free:
+                self._remove(neighbour)
+                block = self._merge(block, neighbour)
+        self._insert(block)
+
+    def _new_segment(self, size: int, small: bool) -> _Block:
+        block = _Block(self._next_address, size, small)
+        self._next_address += size + (1 << 30)  # segments are never adjacent
+        self._by_address[block.address] = block
+        self.reserved += size
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        return block
+
+    def _merge(self, block: _Block, neighbour: _Block) -> _Block:
+        first, second = (block, neighbour) if block.address < neighbour.address else (neighbour, block)
+        first.size += second.size
+        first.next = second.next
+        if second.next is not None:
+            second.next.prev = first
+        del self._by_address[second.address]
+        return first
+
+    def _insert(self, block: _Block) -> None:
+        bisect.insort(self._pools[block.small], (block.size, block.address, 0))
+
+    def _remove(self, block: _Block) -> None:
+        pool = self._pools[block.small]
+        index = bisect.bisect_left(pool, (block.size, block.address, 0))
+        assert pool[index][:2] == (block.size, block.address)
+        pool.pop(index)

@@ -1,0 +1,69 @@
+"""The memory question for a validated run: the estimate, and with a GPU whether and how it fits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.errors import TunecastError
+from tunecast.estimate.fit import FitReport, fit_report
+from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+
+DEVICES = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class MemoryAnswer:
+    estimate: MemoryEstimate
+    fit: FitReport | None
+    grad_checkpointing: bool
+
+    def as_dict(self, loaded: LoadedSpec) -> dict[str, Any]:
+        spec = loaded.spec
+        document: dict[str, Any] = {
+            "model": loaded.model.name,
+            "params": loaded.model.params,
+            "method": spec.method,
+            "precision": spec.precision,
+            "optimizer": spec.optimizer,
+            "grad_checkpointing": self.grad_checkpointing,
+            "gpus": spec.gpus.count,
+            "strategy": spec.gpus.strategy,
+            **self.estimate.as_dict(),
+        }
+        if self.fit is not None:
+            document.update(self.fit.as_dict())
+        return document
+
+
+def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> MemoryAnswer:
+    """Estimate the run's per-GPU memory; with `gpus.gpu` set, also fit, limits and suggestions.
+
+    `grad_checkpointing: auto` is off unless the run does not fit the GPU without it.
+    """
+    if device not in DEVICES:
+        raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")
+    spec, gpu = loaded.spec, loaded.gpu
+    if device == "cpu" and gpu is not None:
+        raise TunecastError("--gpu needs --device cuda: a CPU estimate has no GPU to fit", field="--device",
+                            hint="drop --gpu, or use --device cuda")
+    config = loaded.model.data
+
+    def run(checkpointing: bool) -> MemoryEstimate:
+        return estimate_memory(spec, config, device=device, gpu=gpu, overheads=catalog.overheads,
+                               grad_checkpointing=checkpointing)
+
+    checkpointing = spec.grad_checkpointing is True
+    estimate = run(checkpointing)
+    if spec.grad_checkpointing == "auto" and gpu is not None and estimate.device_total_gib > gpu.usable_memory_gib:
+        checkpointing = True
+        estimate = run(True)
+    fit = None
+    if gpu is not None:
+        context = loaded.model.max_position_embeddings
+        run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
+            update={"grad_checkpointing": checkpointing})
+        fit = fit_report(run_spec, config, estimate, gpu, catalog.overheads, context_len=context)
+    return MemoryAnswer(estimate, fit, checkpointing)

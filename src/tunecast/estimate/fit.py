@@ -1,0 +1,186 @@
+"""Does a run fit a GPU, how far can micro-batch and sequence length go, and what would make it fit.
+
+Micro-batch and length sweeps replay the cached step profiles (no new trace): allocation sizes are
+polynomials in both. Changes that alter the traced step (checkpointing, chunked loss, optimizer in
+backward) trace once more, and are cached like any other estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.overheads import Overhead
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+
+MAX_MICRO_BATCH = 4096
+SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    """A change to the run, and the per-GPU memory it leads to."""
+
+    change: str
+    settings: dict[str, Any]
+    device_total_gib: float
+    fits: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"change": self.change, "settings": self.settings,
+                "device_total_gib": round(self.device_total_gib, 3), "fits": self.fits}
+
+
+@dataclass(frozen=True)
+class FitReport:
+    gpu: str
+    capacity_gib: float
+    fits: bool
+    headroom_gib: float
+    max_micro_batch: int  # 0 when not even one sequence fits
+    max_seq_len: int  # at the configured micro-batch; 0 when no length fits
+    max_seq_len_capped: bool  # True when the model's context length, not memory, is the limit
+    suggestions: tuple[Suggestion, ...]
+    warnings: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"gpu": self.gpu, "capacity_gib": round(self.capacity_gib, 3), "fits": self.fits,
+                "headroom_gib": round(self.headroom_gib, 3), "max_micro_batch": self.max_micro_batch,
+                "max_seq_len": self.max_seq_len, "max_seq_len_is_context_limit": self.max_seq_len_capped,
+                "suggestions": [s.as_dict() for s in self.suggestions], "warnings": list(self.warnings)}
+
+
+Estimator = Callable[..., MemoryEstimate]
+
+
+def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """Largest n in [low, high] with fits(n), given fits is monotone; low - 1 when none."""
+    if not fits(low):
+        return low - 1
+    step = 1
+    while low + step <= high and fits(low + step):
+        low += step
+        step *= 2
+    high = min(high, low + step - 1)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def fit_report(spec: RunSpec, config_data: dict[str, Any], estimate: MemoryEstimate, gpu: Gpu,
+               overheads: tuple[Overhead, ...], *, context_len: int | None) -> FitReport:
+    capacity = gpu.usable_memory_gib
+
+    def total(run: RunSpec, **shape: int) -> float:
+        return estimate_memory(run, config_data, device="cuda", gpu=gpu, overheads=overheads,
+                               **shape).device_total_gib
+
+    max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
+    seq_cap = context_len or 1 << 20
+    max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)
+    fits = estimate.device_total_gib <= capacity
+    warnings: list[str] = []
+    if 1 <= max_batch <= SMALL_MICRO_BATCH and spec.micro_batch > max_batch:
+        warnings.append(
+            f"only a micro-batch of {max_batch} fits: training gets slower and noisier (make up the batch with "
+            "gradient accumulation), and a card with more memory may be the better buy")
+    suggestions = () if fits else tuple(_suggestions(spec, total, capacity, max_batch))
+    return FitReport(gpu.slug, capacity, fits, capacity - estimate.device_total_gib, max(max_batch, 0),
+                     max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings))
+
+
+def _with(spec: RunSpec, **changes: Any) -> RunSpec:
+    data = spec.model_dump()
+    for key, value in changes.items():
+        section, _, leaf = key.partition("__")
+        if leaf:
+            data[section][leaf] = value
+        else:
+            data[key] = value
+    return RunSpec.model_validate(data)
+
+
+def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, max_batch: int) -> list[Suggestion]:
+    """Single changes first, each with its estimated peak; then changes combined until the run fits."""
+    candidates: list[tuple[str, dict[str, Any]]] = []
+    if spec.grad_checkpointing is not True:
+        candidates.append(("turn on gradient checkpointing", {"grad_checkpointing": True}))
+    if spec.method == "lora":
+        candidates.append(("use QLoRA (4-bit NF4 base weights)", {"method": "qlora"}))
+    if spec.method == "full":
+        candidates.append(("train LoRA adapters instead of every weight", {"method": "lora"}))
+    if spec.optimizer == "adamw":
+        candidates.append(("use the 8-bit AdamW optimizer", {"optimizer": "adamw-8bit"}))
+        candidates.append(("use the paged 8-bit AdamW optimizer", {"optimizer": "paged-adamw-8bit"}))
+    if not spec.optimizer_in_backward:
+        candidates.append(("step the optimizer in the backward pass (grad_accum 1)",
+                           {"optimizer_in_backward": True, "grad_accum": 1}))
+    if spec.loss != "chunked":
+        candidates.append(("compute the loss in chunks", {"loss": "chunked"}))
+    if not spec.activation_offload:
+        candidates.append(("offload activations to CPU RAM", {"activation_offload": True}))
+    if 1 <= max_batch < spec.micro_batch:
+        accumulation = -(-spec.micro_batch * spec.grad_accum // max_batch)
+        candidates.append((f"micro-batch {max_batch} with gradient accumulation {accumulation}",
+                           {"micro_batch": max_batch, "grad_accum": accumulation}))
+    candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
+                       {"gpus__strategy": "fsdp", "gpus__offload": "params"}))
+    found = []
+    for change, settings in candidates:
+        peak = total(_with(spec, **settings))
+        found.append(Suggestion(change, _public(settings), peak, peak <= capacity))
+    sharded = _fewest_gpus(spec, total, capacity)
+    if sharded is not None:
+        found.append(sharded)
+    if not any(s.fits for s in found):
+        found.extend(_combined(spec, total, capacity))
+    return found
+
+
+def _fewest_gpus(spec: RunSpec, total: Callable[..., float], capacity: float) -> Suggestion | None:
+    """The fewest GPUs (2, 4 or 8) over which FSDP makes the run fit; 8 when none does."""
+    last: Suggestion | None = None
+    for count in (2, 4, 8):
+        if count <= spec.gpus.count:
+            continue
+        settings = {"gpus__count": count, "gpus__strategy": "fsdp"}
+        peak = total(_with(spec, **settings))
+        last = Suggestion(f"shard over {count} GPUs with FSDP", _public(settings), peak, peak <= capacity)
+        if last.fits:
+            break
+    return last
+
+
+def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> list[Suggestion]:
+    """Add memory-saving changes one at a time, cheapest in speed first, until the run fits."""
+    steps: list[tuple[str, dict[str, Any]]] = [
+        ("gradient checkpointing", {"grad_checkpointing": True}),
+        ("chunked loss", {"loss": "chunked"}),
+        ("8-bit AdamW", {"optimizer": "adamw-8bit"} if spec.optimizer == "adamw" else {}),
+        ("QLoRA", {"method": "qlora"} if spec.method == "lora" else {}),
+        ("micro-batch 1", {"micro_batch": 1, "grad_accum": spec.micro_batch * spec.grad_accum}),
+        ("activation offload", {"activation_offload": True}),
+    ]
+    applied: dict[str, Any] = {}
+    names: list[str] = []
+    for name, settings in steps:
+        if not settings:
+            continue
+        applied.update(settings)
+        names.append(name)
+        peak = total(_with(spec, **applied))
+        if peak <= capacity:
+            return [Suggestion("combine " + " + ".join(names), _public(applied), peak, True)]
+    return [Suggestion("combine " + " + ".join(names), _public(applied), total(_with(spec, **applied)), False)]
+
+
+def _public(settings: dict[str, Any]) -> dict[str, Any]:
+    """Settings as dotted RunSpec keys, as `--set` takes them."""
+    return {key.replace("__", "."): value for key, value in settings.items()}

@@ -1,0 +1,307 @@
+"""Peak memory of one training step: traced where a trace can see, modelled where it cannot.
+
+Traced (exact for the traced code path): weights, trainable weights, gradients, optimizer states of
+AdamW / SGD / Adafactor, activations, temporaries (logits and loss, attention, LoRA casts), gradient
+checkpointing, chunked loss, optimizer-in-backward, DoRA and `modules_to_save`, the caching allocator's
+rounding and reserve (simulated from the traced allocation order).
+
+Modelled, each a named formula below with its source: NF4 weights and their quantization constants
+(QLoRA), 8-bit and paged optimizer states, activation offload, DDP gradient buckets, FSDP / ZeRO
+sharding and gather buffers, CPU offload, the CUDA context and cuBLAS workspaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.overheads import Overhead, overhead_bytes
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.profile import Replay, replay
+from tunecast.estimate.profiles import ProfilePair, get_profiles
+from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.tracer import CATEGORIES
+from tunecast.units import BYTES_PER_GIB
+
+PHASES = ("forward", "backward", "optimizer")
+BREAKDOWN = (*CATEGORIES, "quantization", "overhead")
+
+# QLoRA (Dettmers et al. 2023, arXiv:2305.14314, section 3; bitsandbytes Linear4bit): NF4 packs two
+# weights per byte; one absmax constant per block of 64 weights, fp32 (4 bytes), or with double
+# quantization 8-bit (1 byte) plus one fp32 constant per 256 first-level blocks.
+NF4_BYTES_PER_WEIGHT = 0.5
+NF4_BLOCK = 64
+DOUBLE_QUANT_BLOCK = 256
+
+# bitsandbytes 8-bit optimizers (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state): two uint8
+# states with one fp32 absmax per block of 256; tensors under 4096 elements keep fp32 states. Paged
+# states (tensors of at least 1e5 elements) live in CUDA managed memory, outside the caching allocator.
+OPTIMIZER_8BIT_BLOCK = 256
+OPTIMIZER_8BIT_MIN_NUMEL = 4096
+PAGED_MIN_NUMEL = 100_000
+
+# Activation offload keeps the layer being computed and the one being copied on the device (torchtune's
+# OffloadActivations overlaps copies on a second stream).
+OFFLOAD_RESIDENT_LAYERS = 2
+
+
+@dataclass
+class PhaseMemory:
+    """Bytes live at the peak of one phase, by category."""
+
+    breakdown: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BREAKDOWN, 0.0))
+
+    @property
+    def total(self) -> float:
+        return sum(self.breakdown.values())
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU peak memory of a training step. All figures in GiB."""
+
+    device: str
+    peak_allocated_gib: float
+    peak_reserved_gib: float
+    device_total_gib: float
+    peak_phase: str
+    host_ram_gib: float
+    managed_gib: float
+    breakdown_gib: dict[str, float]
+    phases_gib: dict[str, float]
+    micro_batch: int
+    seq_len: int
+    notes: tuple[str, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "peak_allocated_gib": round(self.peak_allocated_gib, 3),
+            "peak_reserved_gib": round(self.peak_reserved_gib, 3),
+            "device_total_gib": round(self.device_total_gib, 3),
+            "peak_phase": self.peak_phase,
+            "host_ram_gib": round(self.host_ram_gib, 3),
+            "managed_gib": round(self.managed_gib, 3),
+            "breakdown_gib": {k: round(v, 3) for k, v in self.breakdown_gib.items()},
+            "phases_gib": {k: round(v, 3) for k, v in self.phases_gib.items()},
+            "micro_batch": self.micro_batch,
+            "seq_len": self.seq_len,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Facts:
+    """ModelFacts extrapolated to the full depth."""
+
+    quantizable_numel: float
+    largest_quantizable_numel: int
+    trainable_numel: float
+    trainable_small_numel: float
+    layer_bytes: int
+    layer_numel: int
+
+
+def _extrapolate(a: float, b: float, depth_a: int, depth_b: int, depth: int) -> float:
+    """Linear in depth: every decoder layer holds the same memory (for the same layer pattern)."""
+    if depth_a == depth_b:
+        return b
+    return a + (b - a) * (depth - depth_a) / (depth_b - depth_a)
+
+
+def _facts(pair: ProfilePair) -> Facts:
+    a, b = pair.shallow.facts, pair.deeper.facts
+    da, db, depth = pair.shallow.layers, pair.deeper.layers, pair.layers
+
+    def grow(name: str) -> float:
+        return _extrapolate(getattr(a, name), getattr(b, name), da, db, depth)
+
+    return Facts(grow("quantizable_numel"), b.largest_quantizable_numel, grow("trainable_numel"),
+                 grow("trainable_small_numel"), b.layer_bytes, b.layer_numel)
+
+
+@dataclass
+class StepMemory:
+    phases: dict[str, PhaseMemory]
+    reserve_bytes: float  # caching-allocator reserve above the allocated peak
+    host_bytes: float = 0.0
+    managed_bytes: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int) -> StepMemory:
+    """Replay both depths and extrapolate every figure to the full depth."""
+    blocks = (workspace,) if cuda and workspace else ()
+    shallow = replay(pair.shallow, batch, seq, cuda=cuda, fixed_blocks=blocks)
+    deeper = shallow if pair.deeper is pair.shallow else replay(pair.deeper, batch, seq, cuda=cuda,
+                                                                 fixed_blocks=blocks)
+
+    def at_depth(pick: Any) -> float:
+        return _extrapolate(pick(shallow), pick(deeper), pair.shallow.layers, pair.deeper.layers, pair.layers)
+
+    phases: dict[str, PhaseMemory] = {}
+    for phase in PHASES:
+        memory = PhaseMemory()
+        for category in CATEGORIES:
+            memory.breakdown[category] = max(0.0, at_depth(lambda r, c=category, p=phase: r.phases[p].breakdown[c]))
+        memory.breakdown["overhead"] = float(shallow.extra_allocated)
+        phases[phase] = memory
+
+    def reserve(r: Replay) -> float:
+        top = max(p.allocated for p in r.phases.values()) + r.extra_allocated
+        return max(0.0, r.peak_reserved - top)
+
+    return StepMemory(phases, at_depth(reserve) if cuda else 0.0)
+
+
+def _apply_qlora(step: StepMemory, facts: Facts, param_bytes: int, double_quant: bool) -> None:
+    """Frozen decoder Linear weights become NF4 (bitsandbytes keeps the output head and embeddings in
+    the compute dtype); each quantized matmul dequantizes its weight into a temporary."""
+    quantized = facts.quantizable_numel
+    constants = quantized / NF4_BLOCK * (1 if double_quant else 4)
+    if double_quant:
+        constants += quantized / NF4_BLOCK / DOUBLE_QUANT_BLOCK * 4
+    for phase, memory in step.phases.items():
+        memory.breakdown["weights"] -= quantized * (param_bytes - NF4_BYTES_PER_WEIGHT)
+        memory.breakdown["quantization"] += constants
+        if phase in ("forward", "backward"):
+            memory.breakdown["temporaries"] += facts.largest_quantizable_numel * param_bytes
+    step.notes.append("QLoRA: NF4 weights with " + ("double quantization" if double_quant else "fp32 constants")
+                      + " modelled on the traced LoRA step (bitsandbytes Linear4bit)")
+
+
+def _optimizer_state_bytes(spec: RunSpec, facts: Facts, traced_state_bytes: float) -> tuple[float, float]:
+    """(device bytes, managed bytes) of optimizer states for bitsandbytes optimizers; torch ones as traced."""
+    large = facts.trainable_numel - facts.trainable_small_numel
+    small = facts.trainable_small_numel
+    if spec.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        large_bytes = 2 * large + 2 * 4 * large / OPTIMIZER_8BIT_BLOCK
+    elif spec.optimizer == "paged-adamw":
+        large_bytes = 2 * 4 * large  # bitsandbytes 32-bit optimizer states are fp32
+    else:
+        return traced_state_bytes, 0.0
+    small_bytes = 2 * 4 * small
+    if spec.optimizer.startswith("paged"):
+        return small_bytes, large_bytes
+    return large_bytes + small_bytes, 0.0
+
+
+def _apply_optimizer(step: StepMemory, spec: RunSpec, facts: Facts) -> None:
+    traced = max(memory.breakdown["optimizer"] for memory in step.phases.values())
+    device, managed = _optimizer_state_bytes(spec, facts, traced)
+    if device == traced and not managed:
+        return
+    for memory in step.phases.values():
+        if memory.breakdown["optimizer"]:
+            memory.breakdown["optimizer"] = device
+    step.managed_bytes += managed
+    step.notes.append(f"{spec.optimizer}: bitsandbytes states modelled (8-bit: 1 byte per state and an fp32 "
+                      "constant per 256 values; paged: in CUDA managed memory, not counted by the allocator)")
+
+
+def _apply_activation_offload(step: StepMemory, layers: int) -> None:
+    moved = max(memory.breakdown["activations"] for memory in step.phases.values())
+    keep = moved / max(layers, 1) * OFFLOAD_RESIDENT_LAYERS
+    for memory in step.phases.values():
+        if memory.breakdown["activations"] > keep:
+            memory.breakdown["activations"] = keep
+    step.host_bytes += moved
+    step.notes.append("activation offload: saved activations kept in CPU RAM, two layers' worth on the GPU")
+
+
+def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: int) -> None:
+    """Per-GPU memory for the multi-GPU strategy and CPU offload."""
+    gpus = spec.gpus
+    count = gpus.count
+    if gpus.strategy == "ddp":
+        if count > 1:
+            # torch DDP allocates communication buckets holding a copy of every gradient
+            # (gradient_as_bucket_view=False, the default).
+            buckets = facts.trainable_numel * grad_bytes
+            for memory in step.phases.values():
+                memory.breakdown["gradients"] += buckets
+            step.notes.append("DDP: gradient buckets (a second copy of the gradients) on every GPU")
+        return
+    shard_weights = gpus.strategy in ("fsdp", "zero3")
+    for phase, memory in step.phases.items():
+        b = memory.breakdown
+        if shard_weights:
+            b["weights"] /= count
+            b["trainable_weights"] /= count
+            b["quantization"] /= count
+            # Unsharded parameters of the layer being computed and of the one prefetched.
+            b["temporaries"] += 2 * facts.layer_bytes * (count - 1) / count
+        b["gradients"] /= count
+        b["optimizer"] /= count
+        if phase == "backward" and count > 1:
+            b["temporaries"] += facts.layer_numel * grad_bytes  # a layer's gradients before reduce-scatter
+    offloaded = 0.0
+    if gpus.offload in ("optimizer", "params"):
+        offloaded += max(memory.breakdown["optimizer"] for memory in step.phases.values())
+        for memory in step.phases.values():
+            memory.breakdown["optimizer"] = 0.0
+    if gpus.offload == "params":
+        offloaded += max(m.breakdown["weights"] + m.breakdown["trainable_weights"] + m.breakdown["gradients"]
+                         for m in step.phases.values())
+        for memory in step.phases.values():
+            for category in ("weights", "trainable_weights", "gradients"):
+                memory.breakdown[category] = 0.0
+    step.host_bytes += offloaded
+    label = {"fsdp": "FSDP2 full shard", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}[gpus.strategy]
+    step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus gather buffers of two layers")
+
+
+def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
+                    overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
+                    micro_batch: int | None = None, seq_len: int | None = None,
+                    pair: ProfilePair | None = None) -> MemoryEstimate:
+    """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu")."""
+    settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
+    batch = micro_batch if micro_batch is not None else spec.micro_batch
+    seq = seq_len if seq_len is not None else spec.seq_len
+    if pair is None or not pair.covers(batch, seq):
+        pair = get_profiles(config_data, settings, batch, seq)
+    cuda = device == "cuda"
+    architecture = gpu.architecture if gpu is not None else "hopper"
+    workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
+    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
+    facts = _facts(pair)
+    param_bytes = pair.deeper.facts.param_dtype_bytes
+    if spec.method == "qlora":
+        _apply_qlora(step, facts, param_bytes, double_quant=True)
+    _apply_optimizer(step, spec, facts)
+    if spec.activation_offload:
+        _apply_activation_offload(step, pair.layers)
+    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes)
+    if spec.precision == "fp8":
+        step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
+    if spec.attention == "flash":
+        step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
+    if pair.exact_shape is not None:
+        step.notes.append("traced at this exact shape (operations differed between shapes)")
+
+    peak_phase = max(PHASES, key=lambda p: step.phases[p].total)
+    peak = step.phases[peak_phase]
+    allocated = peak.total
+    reserved = allocated + step.reserve_bytes
+    context = overhead_bytes(overheads, "cuda_context", architecture) if cuda else \
+        overhead_bytes(overheads, "cpu_framework", "*")
+    device_total = reserved + context
+    breakdown = dict(peak.breakdown)
+    breakdown["overhead"] = device_total - sum(v for k, v in breakdown.items() if k != "overhead")
+    return MemoryEstimate(
+        device=device,
+        peak_allocated_gib=allocated / BYTES_PER_GIB,
+        peak_reserved_gib=reserved / BYTES_PER_GIB,
+        device_total_gib=device_total / BYTES_PER_GIB,
+        peak_phase=peak_phase,
+        host_ram_gib=step.host_bytes / BYTES_PER_GIB,
+        managed_gib=step.managed_bytes / BYTES_PER_GIB,
+        breakdown_gib={k: breakdown[k] / BYTES_PER_GIB for k in BREAKDOWN},
+        phases_gib={p: step.phases[p].total / BYTES_PER_GIB for p in PHASES},
+        micro_batch=batch,
+        seq_len=seq,
+        notes=tuple(step.notes),
+    )
+

@@ -1,0 +1,198 @@
+"""A step profile: the allocation events of a traced training step, with every size as a polynomial in
+micro-batch b and sequence length s, so that one set of traces answers for any b and s.
+
+Tensor shapes are products of b, s and fixed dimensions, so every allocation's size is a combination of
+1, s, s², b·s and b·s² (s² for seq × seq attention scores and masks; b-free terms for tensors shared by the
+batch, such as rotary tables). Five traces at different (b, s) determine the five coefficients of every
+allocation exactly, provided the traces perform the same operations in the same order — which is checked;
+when they differ the profile is not built and the caller traces the requested shape directly. A batch of
+one takes a few different operations (some `.contiguous()` copies are no-ops on it), so b = 1 has its own
+profile, fitted from three lengths over 1, s and s².
+
+Replaying a profile at (b, s) gives, per phase of the second step, the peak of live tensor bytes, the
+category breakdown at that peak, and (on CUDA) the caching allocator's rounding and reserve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from tunecast.estimate.allocator import CachingAllocator, round_size
+from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts
+
+BASIS_NAMES = ("1", "s", "s2", "bs", "bs2")
+FIT_SHAPES_SINGLE = ((1, 512), (1, 1024), (1, 1536))
+FIT_SHAPES_MULTI = ((2, 512), (2, 1024), (2, 1536), (3, 512), (3, 1024))
+MEASURED_STEP = 2
+
+
+def basis(batch: int, seq: int) -> tuple[int, ...]:
+    return (1, seq, seq * seq, batch * seq, batch * seq * seq)
+
+
+def fit_points(batch: int, offset: int = 0) -> list[tuple[int, int]]:
+    """The (b, s) shapes traced to fit the profile that serves micro-batch `batch` (b = 1, or b ≥ 2);
+    `offset` moves the lengths past a sliding window."""
+    shapes = FIT_SHAPES_SINGLE if batch == 1 else FIT_SHAPES_MULTI
+    return [(b, s + offset) for b, s in shapes]
+
+
+def _rows(shapes: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """Basis rows of the fit: 1, s, s² alone for b = 1 (where b·s is s), all five terms otherwise."""
+    if all(b == 1 for b, _ in shapes):
+        return [basis(b, s)[:3] for b, s in shapes]
+    return [basis(b, s) for b, s in shapes]
+
+
+def _solve(rows: list[tuple[int, ...]], values: list[int]) -> tuple[Fraction, ...]:
+    """Exact solution of the square system rows · x = values (Gauss-Jordan over fractions)."""
+    n = len(rows)
+    matrix = [[Fraction(v) for v in row] + [Fraction(values[i])] for i, row in enumerate(rows)]
+    for column in range(n):
+        pivot = next(r for r in range(column, n) if matrix[r][column] != 0)
+        matrix[column], matrix[pivot] = matrix[pivot], matrix[column]
+        lead = matrix[column][column]
+        matrix[column] = [v / lead for v in matrix[column]]
+        for r in range(n):
+            if r != column and matrix[r][column] != 0:
+                factor = matrix[r][column]
+                matrix[r] = [a - factor * b for a, b in zip(matrix[r], matrix[column], strict=True)]
+    return tuple(matrix[r][n] for r in range(n))
+
+
+@dataclass(frozen=True)
+class ProfileEvent:
+    kind: str
+    key: int
+    size: tuple[float, ...] = ()  # coefficients over BASIS_NAMES
+    category: str = ""
+    phase: str = ""
+    step: int = 0
+
+
+@dataclass
+class StepProfile:
+    """The events of one traced configuration at one depth, sizes as polynomials in (b, s)."""
+
+    layers: int
+    events: list[ProfileEvent]
+    facts: ModelFacts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"layers": self.layers, "facts": asdict(self.facts),
+                "events": [[e.kind, e.key, list(e.size), e.category, e.phase, e.step] for e in self.events]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepProfile:
+        events = [ProfileEvent(kind, key, tuple(size), category, phase, step)
+                  for kind, key, size, category, phase, step in data["events"]]
+        return cls(layers=data["layers"], events=events, facts=ModelFacts(**data["facts"]))
+
+
+def events_align(traces: list[list[Event]]) -> bool:
+    """Same operations in the same order: every trace has the same kinds, keys, categories, phases."""
+    first = traces[0]
+    return all(
+        len(trace) == len(first)
+        and all((a.kind, a.key, a.category, a.phase, a.step) == (b.kind, b.key, b.category, b.phase, b.step)
+                for a, b in zip(first, trace, strict=True))
+        for trace in traces[1:]
+    )
+
+
+def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[list[Event]],
+                facts: ModelFacts) -> StepProfile | None:
+    """Fit every allocation's size over the basis; None when the traces do not align."""
+    rows = _rows(shapes)
+    if len(shapes) != len(rows[0]) or not events_align(traces):
+        return None
+    events: list[ProfileEvent] = []
+    for index, event in enumerate(traces[0]):
+        if event.kind == ALLOC:
+            sizes = [trace[index].nbytes for trace in traces]
+            if len(set(sizes)) == 1:
+                coefficients: tuple[float, ...] = (float(sizes[0]), 0.0, 0.0, 0.0, 0.0)
+            else:
+                exact = _solve(rows, sizes)
+                coefficients = tuple(float(c) for c in exact) + (0.0,) * (len(BASIS_NAMES) - len(exact))
+            events.append(ProfileEvent(ALLOC, event.key, coefficients, event.category, event.phase, event.step))
+        else:
+            events.append(ProfileEvent(event.kind, event.key, (), event.category, event.phase, event.step))
+    return StepProfile(layers, events, facts)
+
+
+def profile_from_trace(layers: int, trace: list[Event], facts: ModelFacts) -> StepProfile:
+    """A profile valid at the traced shape only (used when traces at different shapes do not align)."""
+    events = [ProfileEvent(e.kind, e.key, (float(e.nbytes), 0.0, 0.0, 0.0, 0.0) if e.kind == ALLOC else (),
+                           e.category, e.phase, e.step) for e in trace]
+    return StepProfile(layers, events, facts)
+
+
+@dataclass
+class PhasePeak:
+    """Peak of live tensor bytes in one phase, and what was live at that moment."""
+
+    allocated: int = 0
+    breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+
+
+@dataclass
+class Replay:
+    phases: dict[str, PhasePeak]
+    peak_reserved: int
+    extra_allocated: int  # bytes allocated before the step (fixed blocks, e.g. cuBLAS workspaces)
+
+
+def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
+           fixed_blocks: tuple[int, ...] = ()) -> Replay:
+    """Replay the profile at (b, s). On CUDA every block is rounded as the caching allocator does and the
+    allocator's reserve is simulated; `fixed_blocks` are allocated first (library workspaces)."""
+    one, s1, s2, bs1, bs2 = basis(batch, seq)
+    allocator = CachingAllocator()
+    for size in fixed_blocks:
+        allocator.malloc(size)
+    extra = allocator.allocated
+    live: dict[int, tuple[int, str, int]] = {}  # key -> (counted bytes, category, allocator address)
+    totals = dict.fromkeys(CATEGORIES, 0)
+    current = 0
+    phases = {name: PhasePeak() for name in ("forward", "backward", "optimizer")}
+    for event in profile.events:
+        kind = event.kind
+        if kind == ALLOC:
+            c0, c1, c2, c3, c4 = event.size
+            raw = round(c0 + c1 * s1 + c2 * s2 + c3 * bs1 + c4 * bs2)
+            if raw <= 0:
+                continue
+            if cuda:
+                counted = round_size(raw)
+                address = allocator.malloc(raw)
+            else:
+                counted, address = raw, 0
+            live[event.key] = (counted, event.category, address)
+            totals[event.category] += counted
+            current += counted
+        elif kind == FREE:
+            entry = live.pop(event.key, None)
+            if entry is None:
+                continue
+            counted, category, address = entry
+            totals[category] -= counted
+            current -= counted
+            if cuda:
+                allocator.free(address)
+        elif kind == RECLASS:
+            entry = live.get(event.key)
+            if entry is None or entry[1] == event.category:
+                continue
+            counted, category, address = entry
+            totals[category] -= counted
+            totals[event.category] += counted
+            live[event.key] = (counted, event.category, address)
+        if event.step == MEASURED_STEP:
+            peak = phases.get(event.phase)
+            if peak is not None and current > peak.allocated:
+                peak.allocated = current
+                peak.breakdown = dict(totals)
+    return Replay(phases, allocator.peak_reserved if cuda else max(p.allocated for p in phases.values()), extra)

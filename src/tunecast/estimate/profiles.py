@@ -1,0 +1,133 @@
+"""Step profiles for a model and its training settings: traced once, cached on disk, read without torch.
+
+Every decoder layer holds the same memory, so two shallow copies are traced — 4 and 8 periods of the
+layer pattern (a period is 2 layers for alternating sliding/full attention, else 1) — and every figure
+is extrapolated linearly to the full depth; a model of at most 8 periods is traced whole. Depths below 4
+are avoided because the caching allocator's reserve grows linearly only from a few layers on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from tunecast.atomic import write_text_atomic
+from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
+from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
+from tunecast.paths import cache_dir
+
+PROFILE_FORMAT = 3  # bump when what a profile holds changes
+
+
+@dataclass(frozen=True)
+class ProfilePair:
+    """Profiles of the same settings at two depths, and the model's full depth."""
+
+    shallow: StepProfile
+    deeper: StepProfile
+    layers: int
+    exact_shape: tuple[int, int] | None  # set when the profiles hold one (b, s) only
+
+    def covers(self, batch: int, seq: int) -> bool:
+        return self.exact_shape is None or self.exact_shape == (batch, seq)
+
+
+def _versions() -> dict[str, str]:
+    found = {"format": str(PROFILE_FORMAT)}
+    for package in ("torch", "transformers", "peft"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "absent"
+    return found
+
+
+def sliding_window_offset(config_data: dict[str, Any], seq: int) -> int:
+    """0 below a sliding window; the window above it (attention masks differ on either side, so the
+    fitting shapes must lie on the same side as the length asked for)."""
+    window = text_config_data(config_data).get("sliding_window")
+    if isinstance(window, int) and window > 0 and seq > window:
+        return window
+    return 0
+
+
+def profile_key(config_data: dict[str, Any], settings: TraceSettings, batch: int, offset: int,
+                exact_shape: tuple[int, int] | None) -> str:
+    regime = {"offset": offset, "single": batch == 1, "shape": exact_shape}
+    return settings.key({"config": text_config_data(config_data), "regime": regime}, _versions())
+
+
+def _cache_path(key: str) -> Path:
+    return cache_dir() / "profiles" / f"{key}.json"
+
+
+# Profiles read in this process, by cache file: a fit search reads the same ones dozens of times.
+_READ: dict[Path, ProfilePair] = {}
+
+
+def cached_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
+                    ) -> ProfilePair | None:
+    """The cached profiles for these settings (no torch import), or None."""
+    offset = sliding_window_offset(config_data, seq)
+    for shape in (None, (batch, seq)):
+        path = _cache_path(profile_key(config_data, settings, batch, offset, shape))
+        if path in _READ:
+            return _READ[path]
+        if path.is_file():
+            data = json.loads(path.read_text())
+            shallow = StepProfile.from_json(data["shallow"])
+            deeper = shallow if data["deeper"] == data["shallow"] else StepProfile.from_json(data["deeper"])
+            pair = ProfilePair(shallow, deeper, data["layers"],
+                               tuple(data["exact_shape"]) if data["exact_shape"] else None)
+            _READ[path] = pair
+            return pair
+    return None
+
+
+def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> ProfilePair:
+    """Trace the two shallow depths and fit their profiles; cache the result."""
+    from tunecast.estimate.tracer import trace_step
+
+    period = layer_period(config_data)
+    full_depth = num_layers(config_data)
+    depths = (4 * period, 8 * period) if full_depth > 8 * period else (full_depth,)
+    offset = sliding_window_offset(config_data, seq)
+    points = fit_points(batch, offset)
+    fit_key = profile_key(config_data, settings, batch, offset, None)
+
+    def fitted(depth: int) -> StepProfile | None:
+        shallow = shallow_config_data(config_data, depth)
+        traced = [trace_step(shallow, settings, b, s) for b, s in points]
+        return fit_profile(depth, points, [events for events, _ in traced], traced[0][1])
+
+    def exact(depth: int) -> StepProfile:
+        events, facts = trace_step(shallow_config_data(config_data, depth), settings, batch, seq)
+        return profile_from_trace(depth, events, facts)
+
+    fits = [fitted(depth) for depth in depths]
+    shape: tuple[int, int] | None = None
+    if any(profile is None for profile in fits):  # operations differ between shapes: trace the one asked for
+        shape = (batch, seq)
+        profiles = [exact(depth) for depth in depths]
+    else:
+        profiles = [profile for profile in fits if profile is not None]
+    pair = ProfilePair(profiles[0], profiles[-1], full_depth, shape)
+    if os.environ.get("TUNECAST_NO_CACHE") != "1":
+        key = fit_key if shape is None else profile_key(config_data, settings, batch, offset, shape)
+        path = _cache_path(key)
+        write_text_atomic(path, json.dumps({"shallow": pair.shallow.to_json(), "deeper": pair.deeper.to_json(),
+                                            "layers": pair.layers, "exact_shape": shape}))
+        _READ[path] = pair
+    return pair
+
+
+def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> ProfilePair:
+    cached = cached_profiles(config_data, settings, batch, seq)
+    if cached is not None and cached.covers(batch, seq):
+        return cached
+    return trace_profiles(config_data, settings, batch, seq)

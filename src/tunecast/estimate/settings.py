@@ -1,0 +1,62 @@
+"""The settings a memory trace depends on, taken from a RunSpec: what is traced, and the cache key.
+
+Batch size and sequence length are not among them: allocation sizes are polynomials in both, fitted
+from a few traces, so one set of traces serves every micro-batch and length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tunecast.config.spec import RunSpec
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """LoRA settings as peft receives them."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    targets: tuple[str, ...] | str
+    dora: bool
+    modules_to_save: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TraceSettings:
+    method: str
+    adapters: AdapterSettings
+    precision: str
+    optimizer: str  # the optimizer traced: adamw, sgd or adafactor (8-bit and paged are modelled on adamw)
+    optimizer_in_backward: bool
+    grad_checkpointing: bool
+    attention: str  # sdpa or eager (flash is traced as sdpa: both keep no seq × seq matrix)
+    loss: str
+
+    @classmethod
+    def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None) -> TraceSettings:
+        lora = spec.lora
+        targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
+        checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
+        traced_optimizer = spec.optimizer if spec.optimizer in ("sgd", "adafactor") else "adamw"
+        return cls(
+            method=spec.method,
+            adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
+                                     tuple(lora.modules_to_save)),
+            precision=spec.precision,
+            optimizer=traced_optimizer,
+            optimizer_in_backward=spec.optimizer_in_backward,
+            grad_checkpointing=checkpointing,
+            attention="eager" if spec.attention == "eager" else "sdpa",
+            loss=spec.loss,
+        )
+
+    def key(self, config_data: dict[str, Any], versions: dict[str, str]) -> str:
+        """Cache key: the model config, these settings, and the library versions that shape a trace."""
+        payload = json.dumps({"config": config_data, "settings": asdict(self), "versions": versions},
+                             sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:24]

@@ -1,0 +1,270 @@
+"""Trace one training step on fake tensors: every tensor allocation and free, with its size, category
+and phase, in the order they happen. No memory is used and no GPU is needed.
+
+The model is built on the meta device with its real architecture (and peft adapters), then every
+parameter and buffer is replaced by a fake CPU tensor (building under FakeTensorMode breaks peft, whose
+`swap_tensors` refuses tensors with weakrefs). Two steps run, so that the second has optimizer state;
+the events of both are kept (the caching-allocator simulation needs the whole history).
+
+Private torch API in use, guarded in `tracing_available()`: FakeTensorMode (torch._subclasses) and
+TorchDispatchMode (torch.utils._python_dispatch).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.estimate.settings import TraceSettings
+
+# Event kinds: allocation, free, and a change of category (a gradient or optimizer state identified).
+ALLOC, FREE, RECLASS = "a", "f", "c"
+CATEGORIES = ("weights", "trainable_weights", "gradients", "optimizer", "activations", "temporaries")
+PHASES = ("setup", "forward", "backward", "optimizer")
+STEPS = 2
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str
+    key: int
+    nbytes: int = 0
+    category: str = ""
+    phase: str = ""
+    step: int = 0
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the traced (shallow) model is made of, for the terms a trace cannot see."""
+
+    attention: str  # the attention implementation transformers chose
+    quantizable_numel: int  # frozen nn.Linear weights inside decoder layers (what QLoRA quantizes)
+    largest_quantizable_numel: int  # the biggest of those (its dequantized copy is a temporary)
+    trainable_numel: int
+    trainable_small_numel: int  # trainable tensors under 4096 elements (8-bit optimizers keep fp32 state)
+    trainable_tensors: int
+    layer_numel: int  # parameters of one decoder layer (FSDP gathers a layer at a time)
+    layer_bytes: int
+    param_dtype_bytes: int
+
+
+def tracing_available() -> str | None:
+    """None when the private torch API the tracer needs is present, else why not."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
+        from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401
+    except ImportError as error:  # pragma: no cover - depends on the torch build
+        return f"this torch lacks the fake-tensor API ({error})"
+    return None
+
+
+class _Recorder:
+    """Records storage allocations seen by the dispatch mode, and their frees via weak references."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self._keys: dict[int, int] = {}  # id(storage) -> key
+        self._next = 0
+        self.category = "weights"
+        self.phase = "setup"
+        self.step = 0
+
+    def track(self, tensor: Any, category: str | None = None) -> None:
+        storage = tensor.untyped_storage()
+        if id(storage) in self._keys:
+            return
+        key = self._next
+        self._next += 1
+        self._keys[id(storage)] = key
+        self.events.append(Event(ALLOC, key, storage.nbytes(), category or self.category, self.phase, self.step))
+        weakref.finalize(storage, self._free, id(storage))
+
+    def _free(self, storage_id: int) -> None:
+        key = self._keys.pop(storage_id, None)
+        if key is not None:
+            self.events.append(Event(FREE, key, phase=self.phase, step=self.step))
+
+    def reclassify(self, tensor: Any, category: str) -> None:
+        key = self._keys.get(id(tensor.untyped_storage()))
+        if key is not None:
+            self.events.append(Event(RECLASS, key, category=category, phase=self.phase, step=self.step))
+
+
+def _dispatch_mode(recorder: _Recorder) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Recording(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            for leaf in tree_leaves(out):
+                if isinstance(leaf, torch.Tensor):
+                    recorder.track(leaf)
+            return out
+
+    return Recording()
+
+
+def _fakeify(model: Any, mode: Any) -> None:
+    """Replace every meta parameter and buffer by a fake CPU tensor of the same shape and dtype, then
+    re-tie tied weights (replacing them one by one would give a tied head its own copy)."""
+    import torch
+
+    with mode:
+        for module in model.modules():
+            for name, parameter in list(module._parameters.items()):
+                if parameter is not None:
+                    fake = torch.empty(parameter.shape, dtype=parameter.dtype, device="cpu")
+                    module._parameters[name] = torch.nn.Parameter(fake, requires_grad=parameter.requires_grad)
+            for name, buffer in list(module._buffers.items()):
+                if buffer is not None:
+                    module._buffers[name] = torch.empty(buffer.shape, dtype=buffer.dtype, device="cpu")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if getattr(base.config, "tie_word_embeddings", False):
+        head, embedding = base.get_output_embeddings(), base.get_input_embeddings()
+        if head is not None and embedding is not None and head.weight.shape == embedding.weight.shape:
+            head.weight = embedding.weight
+
+
+def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -> Any:
+    """The model exactly as it is trained (dtype, adapters, checkpointing), on the meta device."""
+    from tunecast.estimate.shape import build_meta_model
+    from tunecast.train.setup import param_dtype, prepare_for_training
+
+    model = build_meta_model(config_data, dtype=param_dtype(settings.precision), attention=settings.attention)
+    return prepare_for_training(model, settings)
+
+
+def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder()
+    layers = _decoder_layers(decoder)
+    quantizable = []
+    for layer in layers:
+        for module in layer.modules():
+            weight = getattr(module, "weight", None)
+            if isinstance(module, torch.nn.Linear) and weight is not None and not weight.requires_grad:
+                quantizable.append(weight.numel())
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    first = list(layers[0].parameters()) if layers else []
+    element = torch.empty((), dtype=param_dtype_of(settings)).element_size()
+    return ModelFacts(
+        attention=str(base.config._attn_implementation),
+        quantizable_numel=sum(quantizable),
+        largest_quantizable_numel=max(quantizable, default=0),
+        trainable_numel=sum(p.numel() for p in trainable),
+        trainable_small_numel=sum(p.numel() for p in trainable if p.numel() < 4096),
+        trainable_tensors=len(trainable),
+        layer_numel=sum(p.numel() for p in first),
+        layer_bytes=sum(p.numel() * p.element_size() for p in first),
+        param_dtype_bytes=element,
+    )
+
+
+def param_dtype_of(settings: TraceSettings) -> Any:
+    from tunecast.train.setup import param_dtype
+
+    return param_dtype(settings.precision)
+
+
+def _decoder_layers(decoder: Any) -> list[Any]:
+    import torch
+
+    for name in ("layers", "h", "blocks"):
+        candidate = getattr(decoder, name, None)
+        if isinstance(candidate, torch.nn.ModuleList):
+            return list(candidate)
+    return []
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Frees happen at refcount zero only, so that every trace of a step has the same event order."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
+               ) -> tuple[list[Event], ModelFacts]:
+    """Events of two training steps of `config_data`'s model at micro-batch `batch`, length `seq`."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunecast.train.setup import make_optimizer
+    from tunecast.train.step import forward_backward
+
+    model = build_training_model(config_data, settings)
+    facts = model_facts(model, settings)
+    mode = FakeTensorMode()
+    _fakeify(model, mode)
+    recorder = _Recorder()
+    params = [p for p in model.parameters() if p.requires_grad]
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    head_hook = head.register_forward_pre_hook(lambda module, args: setattr(recorder, "category", "temporaries"))
+
+    for parameter in model.parameters():
+        recorder.track(parameter, "trainable_weights" if parameter.requires_grad else "weights")
+    for buffer in model.buffers():
+        recorder.track(buffer, "weights")
+
+    if settings.optimizer_in_backward:
+        optimizers = {p: make_optimizer(settings, [p]) for p in params}
+
+        def step_in_backward(parameter: Any) -> None:
+            optimizers[parameter].step()
+            for state in optimizers[parameter].state[parameter].values():
+                if isinstance(state, torch.Tensor):
+                    recorder.reclassify(state, "optimizer")
+            parameter.grad = None
+
+        hooks = [p.register_post_accumulate_grad_hook(step_in_backward) for p in params]
+        optimizer = None
+    else:
+        def mark_gradient(parameter: Any) -> None:
+            recorder.reclassify(parameter.grad, "gradients")
+
+        hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
+        optimizer = make_optimizer(settings, params)
+
+    def to_backward() -> None:
+        recorder.phase, recorder.category = "backward", "temporaries"
+
+    try:
+        with mode, _dispatch_mode(recorder), _no_gc():
+            recorder.category = "activations"
+            input_ids = torch.zeros((batch, seq), dtype=torch.long)
+            labels = torch.zeros((batch, seq), dtype=torch.long)
+            for step in range(1, STEPS + 1):
+                recorder.step = step
+                recorder.phase, recorder.category = "forward", "activations"
+                forward_backward(model, input_ids, labels, precision=settings.precision,
+                                 chunked_loss=settings.loss == "chunked", on_backward=to_backward)
+                recorder.phase = "optimizer"
+                if optimizer is not None:
+                    optimizer.step()
+                    for state in optimizer.state.values():
+                        for value in state.values():
+                            if isinstance(value, torch.Tensor):
+                                recorder.reclassify(value, "optimizer")
+                    optimizer.zero_grad(set_to_none=True)
+                recorder.phase = "setup"
+            del input_ids, labels
+    finally:
+        head_hook.remove()
+        for hook in hooks:
+            hook.remove()
+    return recorder.events, facts

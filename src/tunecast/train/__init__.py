@@ -1,0 +1,1 @@
+"""Training: model setup, loss, loop, state, checkpoints. Imports torch; never imported by light commands."""

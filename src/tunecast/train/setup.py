@@ -1,0 +1,83 @@
+"""How a RunSpec turns a causal-LM model into the model that is trained: dtypes, adapters, checkpointing.
+
+The memory estimator traces exactly this setup on the meta device, and the trainer applies it to real
+weights, so that what is estimated is what runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tunecast.estimate.settings import AdapterSettings
+
+# Parameter dtype and autocast dtype per `precision` (fp8 keeps bf16 master weights; its FP8 matmuls
+# run through torchao's float8 training, which the estimator models as bf16).
+_PARAM_DTYPE = {"bf16": torch.bfloat16, "fp8": torch.bfloat16, "bf16-mixed": torch.float32,
+                "fp16-mixed": torch.float32, "fp32": torch.float32}
+_AUTOCAST_DTYPE = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}
+
+
+def param_dtype(precision: str) -> torch.dtype:
+    return _PARAM_DTYPE[precision]
+
+
+def autocast_dtype(precision: str) -> torch.dtype | None:
+    return _AUTOCAST_DTYPE.get(precision)
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype matmuls run in: the autocast dtype under mixed precision, else the parameter dtype."""
+    return _AUTOCAST_DTYPE.get(precision, _PARAM_DTYPE[precision])
+
+
+def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
+    """Wrap `model` with LoRA adapters (peft). Frozen base weights, adapters in fp32 (peft's default
+    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets: list[str] | str = adapters.targets if isinstance(adapters.targets, str) else list(adapters.targets)
+    config = LoraConfig(
+        r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=adapters.dropout, target_modules=targets,
+        use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def prepare_for_training(model: Any, settings: Any) -> Any:
+    """The causal-LM `model` as it is trained under `settings` (a TraceSettings): every weight trainable
+    for `full`, LoRA adapters on frozen weights otherwise, checkpointing when asked, train mode."""
+    if settings.method == "full":
+        model.requires_grad_(True)
+    else:
+        model = apply_adapters(model, settings.adapters)
+    if settings.grad_checkpointing:
+        enable_checkpointing(model)
+    model.train()
+    return model
+
+
+def make_optimizer(settings: Any, params: list[torch.nn.Parameter], lr: float = 1e-4) -> torch.optim.Optimizer:
+    """The optimizer of a run. AdamW is torch's fused kernel (transformers' default `adamw_torch_fused`).
+    The memory estimator traces AdamW for the bitsandbytes variants too and models their states."""
+    if settings.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if settings.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=lr, relative_step=False, scale_parameter=False, warmup_init=False)
+    return torch.optim.AdamW(params, lr=lr, fused=True)
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Activation checkpointing of every decoder layer, non-reentrant (no input-grad hack needed)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    base.config.use_cache = False
+
+
+def decoder_and_head(model: Any) -> tuple[Any, Any]:
+    """The decoder stack (returns hidden states) and the output head of a causal-LM model or PeftModel."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
