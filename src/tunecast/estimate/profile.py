@@ -149,7 +149,7 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
            fixed_blocks: tuple[int, ...] = ()) -> Replay:
     """Replay the profile at (b, s). On CUDA every block is rounded as the caching allocator does and the
     allocator's reserve is simulated; `fixed_blocks` are allocated first (library workspaces)."""
-    one, s1, s2, bs1, bs2 = basis(batch, seq)
+    _, s1, s2, bs1, bs2 = basis(batch, seq)
     allocator = CachingAllocator()
     for size in fixed_blocks:
         allocator.malloc(size)
