@@ -19,7 +19,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profile import Replay, replay
-from tunecast.estimate.profiles import ProfilePair, get_profiles
+from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.units import BYTES_PER_GIB
@@ -252,6 +252,42 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus gather buffers of two layers")
 
 
+def _analytic_step(spec: RunSpec, settings: TraceSettings, config_data: dict[str, Any], batch: int, seq: int,
+                   reason: str, workspace: int) -> tuple[StepMemory, Facts, int, int]:
+    """The closed-form estimate, when the trace cannot run (see analytic.py for what it covers)."""
+    from tunecast.errors import TunecastError
+    from tunecast.estimate.analytic import Shape, analytic_peak_bytes, supports
+
+    unsupported = supports(config_data, spec)
+    if unsupported is not None:
+        raise TunecastError(f"cannot trace here ({reason}) and the closed-form estimate does not cover "
+                            f"{unsupported}", field="model", hint="install torch >= 2.6, which has the tracer's API")
+    shape = Shape.from_config(config_data)
+    peak = analytic_peak_bytes(config_data, spec, batch, seq)
+    phases = {}
+    for phase in PHASES:
+        memory = PhaseMemory()
+        memory.breakdown.update(peak)
+        memory.breakdown["overhead"] = float(workspace)
+        if phase == "optimizer":
+            memory.breakdown["activations"] = memory.breakdown["temporaries"] = 0.0
+            memory.breakdown["gradients"] = memory.breakdown["trainable_weights"]
+        phases[phase] = memory
+    trainable = peak["trainable_weights"] / (4 if spec.method != "full" else _param_bytes(spec))
+    linears = sum(a * b for a, b in shape.linear_shapes().values())
+    facts = Facts(quantizable_numel=float(shape.layers * linears),
+                  largest_quantizable_numel=max(a * b for a, b in shape.linear_shapes().values()),
+                  trainable_numel=trainable, trainable_small_numel=0.0,
+                  layer_bytes=shape.layer_params(config_data) * _param_bytes(spec),
+                  layer_numel=shape.layer_params(config_data))
+    step = StepMemory(phases, 0.0, notes=[f"closed-form estimate: {reason}; allocator reserve not simulated"])
+    return step, facts, _param_bytes(spec), shape.layers
+
+
+def _param_bytes(spec: RunSpec) -> int:
+    return 2 if spec.precision in ("bf16", "fp8") else 4
+
+
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
                     overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
                     micro_batch: int | None = None, seq_len: int | None = None,
@@ -260,25 +296,32 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
     batch = micro_batch if micro_batch is not None else spec.micro_batch
     seq = seq_len if seq_len is not None else spec.seq_len
-    if pair is None or not pair.covers(batch, seq):
-        pair = get_profiles(config_data, settings, batch, seq)
     cuda = device == "cuda"
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
-    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
-    facts = _facts(pair)
-    param_bytes = pair.deeper.facts.param_dtype_bytes
+    try:
+        if pair is None or not pair.covers(batch, seq):
+            pair = get_profiles(config_data, settings, batch, seq)
+        step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
+        facts = _facts(pair)
+        param_bytes = pair.deeper.facts.param_dtype_bytes
+        layers = pair.layers
+        exact_shape = pair.exact_shape
+    except TracingUnavailable as reason:
+        step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
+                                                          workspace)
+        exact_shape = None
     if spec.method == "qlora":
         _apply_qlora(step, facts, param_bytes, double_quant=True)
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
-        _apply_activation_offload(step, pair.layers)
+        _apply_activation_offload(step, layers)
     _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes)
     if spec.precision == "fp8":
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
-    if pair.exact_shape is not None:
+    if exact_shape is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
 
     peak_phase = max(PHASES, key=lambda p: step.phases[p].total)

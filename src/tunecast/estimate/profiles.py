@@ -21,7 +21,7 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.paths import cache_dir
 
-PROFILE_FORMAT = 3  # bump when what a profile holds changes
+PROFILE_FORMAT = 4  # bump when what a profile holds changes
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,17 @@ def cached_profiles(config_data: dict[str, Any], settings: TraceSettings, batch:
     return None
 
 
+class TracingUnavailable(Exception):
+    """This torch build lacks the fake-tensor API the tracer needs."""
+
+
 def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> ProfilePair:
     """Trace the two shallow depths and fit their profiles; cache the result."""
-    from tunecast.estimate.tracer import trace_step
+    from tunecast.estimate.tracer import trace_step, tracing_available
+
+    missing = tracing_available()
+    if missing is not None:
+        raise TracingUnavailable(missing)
 
     period = layer_period(config_data)
     full_depth = num_layers(config_data)

@@ -135,9 +135,10 @@ def _fakeify(model: Any, mode: Any) -> None:
 def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -> Any:
     """The model exactly as it is trained (dtype, adapters, checkpointing), on the meta device."""
     from tunecast.estimate.shape import build_meta_model
-    from tunecast.train.setup import param_dtype, prepare_for_training
+    from tunecast.train.setup import param_dtype, prepare_for_training, training_config
 
-    model = build_meta_model(config_data, dtype=param_dtype(settings.precision), attention=settings.attention)
+    model = build_meta_model(training_config(config_data), dtype=param_dtype(settings.precision),
+                             attention=settings.attention)
     return prepare_for_training(model, settings)
 
 
@@ -222,7 +223,7 @@ def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int,
         recorder.track(buffer, "weights")
 
     if settings.optimizer_in_backward:
-        optimizers = {p: make_optimizer(settings, [p]) for p in params}
+        optimizers = {p: make_optimizer(settings.optimizer, [p]) for p in params}
 
         def step_in_backward(parameter: Any) -> None:
             optimizers[parameter].step()
@@ -238,7 +239,7 @@ def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int,
             recorder.reclassify(parameter.grad, "gradients")
 
         hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
-        optimizer = make_optimizer(settings, params)
+        optimizer = make_optimizer(settings.optimizer, params)
 
     def to_backward() -> None:
         recorder.phase, recorder.category = "backward", "temporaries"

@@ -45,6 +45,22 @@ def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
     return get_peft_model(model, config)
 
 
+# Activations that transformers implements op by op, and their fused equivalents: same function, but one
+# saved tensor instead of five per call (HF's NewGELUActivation keeps x, tanh(.), 0.5·x and 1 + tanh(.)).
+_FUSED_ACTIVATIONS = {"gelu_new": "gelu_pytorch_tanh"}
+
+
+def training_config(config_data: dict[str, Any]) -> dict[str, Any]:
+    """The model config as tunecast trains it: unfused activations replaced by their fused twins
+    (transformers documents `gelu_pytorch_tanh` as equivalent to `gelu_new`, and faster)."""
+    adjusted = dict(config_data)
+    for key in ("hidden_act", "activation_function"):
+        value = adjusted.get(key)
+        if isinstance(value, str) and value in _FUSED_ACTIVATIONS:
+            adjusted[key] = _FUSED_ACTIVATIONS[value]
+    return adjusted
+
+
 def prepare_for_training(model: Any, settings: Any) -> Any:
     """The causal-LM `model` as it is trained under `settings` (a TraceSettings): every weight trainable
     for `full`, LoRA adapters on frozen weights otherwise, checkpointing when asked, train mode."""
@@ -58,16 +74,24 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
     return model
 
 
-def make_optimizer(settings: Any, params: list[torch.nn.Parameter], lr: float = 1e-4) -> torch.optim.Optimizer:
-    """The optimizer of a run. AdamW is torch's fused kernel (transformers' default `adamw_torch_fused`).
-    The memory estimator traces AdamW for the bitsandbytes variants too and models their states."""
-    if settings.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if settings.optimizer == "adafactor":
+def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4,
+                   weight_decay: float = 0.0) -> torch.optim.Optimizer:
+    """The optimizer `name` (RunSpec.optimizer). AdamW is torch's fused kernel (transformers' default
+    `adamw_torch_fused`); the 8-bit and paged variants are bitsandbytes'."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    if name == "adafactor":
         from transformers.optimization import Adafactor
 
-        return Adafactor(params, lr=lr, relative_step=False, scale_parameter=False, warmup_init=False)
-    return torch.optim.AdamW(params, lr=lr, fused=True)
+        return Adafactor(params, lr=lr, relative_step=False, scale_parameter=False, warmup_init=False,
+                         weight_decay=weight_decay)
+    if name in ("adamw-8bit", "paged-adamw", "paged-adamw-8bit"):
+        import bitsandbytes as bnb
+
+        kind = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
+                "paged-adamw-8bit": bnb.optim.PagedAdamW8bit}[name]
+        return kind(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
 
 
 def enable_checkpointing(model: Any) -> None:

@@ -1,0 +1,126 @@
+"""tunecast's memory estimate against public measurements, with accelerate's estimator side by side.
+
+Reads benchmarks/data/memory-measured.csv (a copy of shared/reference/memory-measured.csv). Every row
+whose method and optimizer a RunSpec can express is estimated; the others are listed with the reason.
+A row measured as out-of-memory is checked against the card's usable memory instead.
+
+Run:  .venv/bin/python benchmarks/public_memory_check.py
+Writes the table between the public-measurements markers of docs/validation/memory.md.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from docsection import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "benchmarks" / "data" / "memory-measured.csv"
+DOC = REPO / "docs" / "validation" / "memory.md"
+MARK = "public-measurements"
+
+UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MB": 1e6}
+PRECISION = {"bf16-true": "bf16", "bf16": "bf16"}
+# Module names of "q,v" in each architecture.
+SHORT_TARGETS = {"q": "q_proj", "v": "v_proj", "k": "k_proj", "o": "o_proj"}
+
+
+def spec_for(row: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
+    """RunSpec settings for a row, or the reason it cannot be expressed."""
+    if row["optimizer"] in ("unknown", ""):
+        return None, "optimizer not stated (torchtune's table does not give per-row flags)" if row[
+            "optimizer"] == "unknown" else "weights only, no training step"
+    if row["grad_checkpointing"] == "unknown":
+        return None, "checkpointing not stated"
+    settings: dict[str, Any] = {
+        "method": row["method"], "precision": PRECISION.get(row["precision"], row["precision"]),
+        "optimizer": row["optimizer"], "micro_batch": int(row["micro_batch"]), "seq_len": int(row["seq_len"]),
+        "grad_checkpointing": row["grad_checkpointing"] == "yes",
+        "gpus": {"gpu": row["gpu"], "count": int(row["gpus"])},
+    }
+    if row["method"] in ("lora", "qlora"):
+        targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",")]
+        settings["lora"] = {"rank": int(row["lora_rank"]), "targets": targets, "alpha": 16}
+    return settings, None
+
+
+def accelerate_says(config: dict[str, Any], precision: str) -> float:
+    """What `accelerate estimate-memory` prints as "Training using Adam" for this model, in GiB."""
+    import torch
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+
+    from tunecast.estimate.shape import build_meta_model
+
+    model = build_meta_model(config, dtype=torch.float32)
+    total, _ = calculate_maximum_sizes(model)
+    usage = estimate_training_usage(total, "bfloat16" if precision.startswith("bf16") else "float32")
+    return max(usage.values()) / 2**30
+
+
+def main() -> int:
+    from tunecast.catalog.store import load_catalog
+    from tunecast.config.spec import RunSpec
+    from tunecast.estimate.memory import estimate_memory
+
+    catalog = load_catalog(None)
+    rows = list(csv.DictReader(DATA.open()))
+    compared, skipped = [], []
+    for row in rows:
+        settings, reason = spec_for(row)
+        model = catalog.models.find(row["model"])
+        if model is None and reason is None:
+            reason = "no published config.json of this model in the catalog"
+        if settings is None or model is None:
+            skipped.append((row["id"], reason))
+            continue
+        spec = RunSpec.model_validate({"model": row["model"], **settings})
+        gpu = catalog.gpus.get(row["gpu"])
+        estimate = estimate_memory(spec, model.data, device="cuda", gpu=gpu, overheads=catalog.overheads)
+        reserved = row["metric"].startswith("max_memory_reserved")
+        predicted_gib = estimate.peak_reserved_gib if reserved else estimate.peak_allocated_gib
+        accelerate_gib = accelerate_says(model.data, spec.precision)
+        if row["measured"] == "OOM":
+            compared.append({"id": row["id"], "metric": row["metric"], "measured": None, "unit": row["unit"],
+                             "predicted_gib": estimate.device_total_gib, "capacity": gpu.usable_memory_gib,
+                             "accelerate_gib": accelerate_gib, "error": None})
+            continue
+        measured_gib = float(row["measured"]) * UNIT_BYTES[row["unit"]] / 2**30
+        compared.append({"id": row["id"], "metric": row["metric"], "measured": measured_gib, "unit": row["unit"],
+                         "predicted_gib": predicted_gib, "accelerate_gib": accelerate_gib,
+                         "error": (predicted_gib - measured_gib) / measured_gib,
+                         "accelerate_error": (accelerate_gib - measured_gib) / measured_gib})
+        print(f"{row['id']}: measured {measured_gib:.2f} GiB, tunecast {predicted_gib:.2f} "
+              f"({compared[-1]['error']:+.0%}), accelerate {accelerate_gib:.2f}", flush=True)
+
+    errors = [abs(r["error"]) for r in compared if r["error"] is not None]
+    accelerate_errors = [abs(r["accelerate_error"]) for r in compared if r["error"] is not None]
+    lines = [
+        f"Run with `.venv/bin/python benchmarks/public_memory_check.py` on {time.strftime('%Y-%m-%d')}. "
+        f"{len(compared)} of {len(rows)} rows compared, {len(skipped)} skipped.",
+        "",
+        "| row | metric | measured GiB | tunecast GiB | error | accelerate GiB | accelerate error |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in compared:
+        if r["measured"] is None:
+            verdict = "does not fit ✓" if r["predicted_gib"] > r["capacity"] else "fits ✗"
+            lines.append(f"| {r['id']} | {r['metric']} | OOM | {r['predicted_gib']:.2f} (device, > "
+                         f"{r['capacity']:.2f} usable: {verdict}) | — | {r['accelerate_gib']:.2f} | — |")
+            continue
+        lines.append(f"| {r['id']} | {r['metric']} | {r['measured']:.2f} | {r['predicted_gib']:.2f} | "
+                     f"{r['error']:+.1%} | {r['accelerate_gib']:.2f} | {r['accelerate_error']:+.1%} |")
+    lines += ["", f"Median absolute error: tunecast {statistics.median(errors):.1%}, accelerate "
+                  f"{statistics.median(accelerate_errors):.1%} (target: tunecast at most 15%).", "",
+              "Skipped rows:", ""]
+    lines += [f"- {row_id}: {reason}" for row_id, reason in skipped]
+    write_section(DOC, MARK, "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
