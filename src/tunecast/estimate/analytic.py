@@ -5,25 +5,26 @@ code really keeps, and (2) as the estimate when the torch build lacks the fake-t
 needs. It covers the architectures whose layer is RMSNorm → attention (RoPE, GQA, SDPA) → RMSNorm →
 SwiGLU MLP, as transformers implements them for llama, mistral, qwen2 and qwen3, without checkpointing.
 
-Saved for the backward pass, per token and decoder layer (h hidden size, kv = key/value heads × head
-dim, i intermediate size, n heads, a = bytes of the compute dtype, f = 4 bytes of fp32):
+Saved for the backward pass, per token and decoder layer (h hidden size, q = heads × head dim, kv = key/
+value heads × head dim, i intermediate size, n heads, a = bytes of the compute dtype, f = 4 bytes of fp32),
+as transformers and peft implement the layer on real tensors (no mask with SDPA, grouped-query attention):
 
-* each RMSNorm: its fp32 upcast of the input (f·h), the normalised output in the compute dtype (a·h)
-  and the fp32 reciprocal RMS (f) — transformers' LlamaRMSNorm;
-* attention (SDPA / flash): q, k, v after RoPE, the output, and the fp32 log-sum-exp per head:
-  a·(2q + 2kv) + f·n, q being heads × head dim (equal to h except in Qwen3's small models); Qwen3 also
-  normalises q and k per head (an RMSNorm each: (f + a)·(q + kv) + f·(n + kv heads));
+* each RMSNorm: its fp32 upcast of the input (f·h) and the fp32 reciprocal RMS (f); when its weight trains
+  (full fine-tuning) also the normalised input in the compute dtype (a·h);
+* attention: q after RoPE, k and v, and the output (which o_proj's input shares): a·(2q + 2kv), plus the
+  fp32 log-sum-exp per head (f·n). Qwen3 also normalises q and k per head: f·(q + kv) + f·(n + kv heads),
+  and a·(q + kv) when those norms train;
 * SwiGLU: SiLU's input, its output and the up projection (3·a·i);
-* Linear inputs: kept by every Linear whose weight trains. Full fine-tuning keeps q/k/v's shared input,
-  o_proj's, gate/up's shared input and down_proj's (a·(2h + q + i)). LoRA keeps, for every adapted Linear,
-  its own fp32 copy of the input (peft casts the input to the adapters' fp32 dtype) and the adapter's
+* Linear inputs, kept only by Linears whose weight trains. Full fine-tuning: q/k/v's shared input and
+  gate/up's shared input (the norms' outputs) and down_proj's (a·(2h + i)). LoRA: for every adapted
+  Linear its own fp32 copy of the input (peft casts it to the adapters' fp32 dtype) and the adapter's
   rank-r intermediate (f·r).
 
 At the start of the backward pass the loss holds, per token, three fp32 vocabulary-sized tensors: the
 log-softmax cross-entropy saved, its gradient, and the gradient of the upcast logits (3·f·V).
 
-Agreement with the trace (tests/unit/estimate/test_analytic.py): within 3% for LoRA, within 5% of the
-activations for full fine-tuning, where the trace also sees the CPU attention path's key/value copies.
+Agreement with the trace (tests/unit/estimate/test_analytic.py): the activations exactly, the whole
+peak within 1%.
 """
 
 from __future__ import annotations
@@ -95,14 +96,15 @@ def activation_bytes_per_token_layer(config: dict[str, Any], spec: RunSpec) -> i
     """Bytes a decoder layer keeps for the backward pass, per token (see the module docstring)."""
     s = Shape.from_config(config)
     a = 2 if spec.precision in ("bf16", "fp8", "bf16-mixed", "fp16-mixed") else 4
+    full = spec.method == "full"
     q = s.heads * s.head_dim
-    norms = 2 * (FP32 * s.hidden + a * s.hidden + FP32)
+    norms = 2 * (FP32 * s.hidden + FP32) + (2 * a * s.hidden if full else 0)
     attention = a * (2 * q + 2 * s.kv) + FP32 * s.heads
     if config.get("model_type") == "qwen3":
-        attention += (FP32 + a) * (q + s.kv) + FP32 * (s.heads + s.kv // s.head_dim)
+        attention += FP32 * (q + s.kv) + FP32 * (s.heads + s.kv // s.head_dim) + (a * (q + s.kv) if full else 0)
     mlp = 3 * a * s.intermediate
-    if spec.method == "full":
-        inputs = a * (2 * s.hidden + q + s.intermediate)
+    if full:
+        inputs = a * (2 * s.hidden + s.intermediate)
     else:
         shapes = s.linear_shapes()
         inputs = sum(FP32 * shapes[name][0] + FP32 * spec.lora.rank for name in _targets(spec, s))

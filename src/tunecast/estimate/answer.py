@@ -8,7 +8,7 @@ from typing import Any
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
-from tunecast.estimate.fit import FitReport, fit_report
+from tunecast.estimate.fit import FitReport, estimator_total, fit_report
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 
 DEVICES = ("cuda", "cpu")
@@ -65,5 +65,5 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
         context = loaded.model.max_position_embeddings
         run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
             update={"grad_checkpointing": checkpointing})
-        fit = fit_report(run_spec, config, estimate, gpu, catalog.overheads, context_len=context)
+        fit = fit_report(run_spec, estimate, gpu, estimator_total(config, gpu, catalog.overheads), context_len=context)
     return MemoryAnswer(estimate, fit, checkpointing)

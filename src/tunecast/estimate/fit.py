@@ -53,9 +53,6 @@ class FitReport:
                 "suggestions": [s.as_dict() for s in self.suggestions], "warnings": list(self.warnings)}
 
 
-Estimator = Callable[..., MemoryEstimate]
-
-
 def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
     """Largest n in [low, high] with fits(n), given fits is monotone; low - 1 when none."""
     if not fits(low):
@@ -74,14 +71,24 @@ def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
-def fit_report(spec: RunSpec, config_data: dict[str, Any], estimate: MemoryEstimate, gpu: Gpu,
-               overheads: tuple[Overhead, ...], *, context_len: int | None) -> FitReport:
-    capacity = gpu.usable_memory_gib
+Total = Callable[..., float]
+"""total(run_spec, micro_batch=…, seq_len=…) → per-GPU device memory in GiB of that run."""
+
+
+def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Overhead, ...]) -> Total:
+    """The `Total` the memory estimator gives for one model on one GPU."""
 
     def total(run: RunSpec, **shape: int) -> float:
         return estimate_memory(run, config_data, device="cuda", gpu=gpu, overheads=overheads,
                                **shape).device_total_gib
 
+    return total
+
+
+def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, *,
+               context_len: int | None) -> FitReport:
+    """Whether `spec` fits `gpu`, its largest micro-batch and length, and changes that would make it fit."""
+    capacity = gpu.usable_memory_gib
     max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
     seq_cap = context_len or 1 << 20
     max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)
@@ -127,9 +134,11 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
     if not spec.activation_offload:
         candidates.append(("offload activations to CPU RAM", {"activation_offload": True}))
     if 1 <= max_batch < spec.micro_batch:
-        accumulation = -(-spec.micro_batch * spec.grad_accum // max_batch)
-        candidates.append((f"micro-batch {max_batch} with gradient accumulation {accumulation}",
-                           {"micro_batch": max_batch, "grad_accum": accumulation}))
+        # The largest micro-batch that fits and divides the sequences per step, so the batch stays the same.
+        per_step = spec.micro_batch * spec.grad_accum
+        smaller = max(d for d in range(1, max_batch + 1) if per_step % d == 0)
+        candidates.append((f"micro-batch {smaller} with gradient accumulation {per_step // smaller}",
+                           {"micro_batch": smaller, "grad_accum": per_step // smaller}))
     candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
                        {"gpus__strategy": "fsdp", "gpus__offload": "params"}))
     found = []

@@ -163,33 +163,31 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
         if kind == ALLOC:
             c0, c1, c2, c3, c4 = event.size
             raw = round(c0 + c1 * s1 + c2 * s2 + c3 * bs1 + c4 * bs2)
-            if raw <= 0:
-                continue
-            if cuda:
-                counted = round_size(raw)
-                address = allocator.malloc(raw)
-            else:
-                counted, address = raw, 0
-            live[event.key] = (counted, event.category, address)
-            totals[event.category] += counted
-            current += counted
+            if raw > 0:
+                if cuda:
+                    counted = round_size(raw)
+                    address = allocator.malloc(raw)
+                else:
+                    counted, address = raw, 0
+                live[event.key] = (counted, event.category, address)
+                totals[event.category] += counted
+                current += counted
         elif kind == FREE:
             entry = live.pop(event.key, None)
-            if entry is None:
-                continue
-            counted, category, address = entry
-            totals[category] -= counted
-            current -= counted
-            if cuda:
-                allocator.free(address)
+            if entry is not None:
+                counted, category, address = entry
+                totals[category] -= counted
+                current -= counted
+                if cuda:
+                    allocator.free(address)
         elif kind == RECLASS:
             entry = live.get(event.key)
-            if entry is None or entry[1] == event.category:
-                continue
-            counted, category, address = entry
-            totals[category] -= counted
-            totals[event.category] += counted
-            live[event.key] = (counted, event.category, address)
+            if entry is not None and entry[1] != event.category:
+                counted, category, address = entry
+                totals[category] -= counted
+                totals[event.category] += counted
+                live[event.key] = (counted, event.category, address)
+        # Every event, not only allocations: a phase's peak may be what it inherits from the one before.
         if event.step == MEASURED_STEP:
             peak = phases.get(event.phase)
             if peak is not None and current > peak.allocated:

@@ -7,12 +7,14 @@ parameter and buffer is replaced by a fake CPU tensor (building under FakeTensor
 the events of both are kept (the caching-allocator simulation needs the whole history).
 
 Private torch API in use, guarded in `tracing_available()`: FakeTensorMode (torch._subclasses) and
-TorchDispatchMode (torch.utils._python_dispatch).
+TorchDispatchMode (torch.utils._python_dispatch). transformers' mask code is steered to its real-tensor
+path (see `_as_on_real_tensors`).
 """
 
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,6 +75,7 @@ class _Recorder:
         self.category = "weights"
         self.phase = "setup"
         self.step = 0
+        self.closed = False
 
     def track(self, tensor: Any, category: str | None = None) -> None:
         storage = tensor.untyped_storage()
@@ -86,12 +89,22 @@ class _Recorder:
 
     def _free(self, storage_id: int) -> None:
         key = self._keys.pop(storage_id, None)
-        if key is not None:
+        if key is not None and not self.closed:
             self.events.append(Event(FREE, key, phase=self.phase, step=self.step))
 
+    def close(self) -> list[Event]:
+        """The events so far; frees after this (the model being torn down, whenever that is) are not
+        part of the step and would make traces of the same step differ."""
+        self.closed = True
+        return self.events
+
     def reclassify(self, tensor: Any, category: str) -> None:
+        """Mark a tensor's storage as `category`. One the dispatch mode never saw (autograd creates some
+        gradients, the embedding's among them, below the Python dispatcher) is recorded here."""
         key = self._keys.get(id(tensor.untyped_storage()))
-        if key is not None:
+        if key is None:
+            self.track(tensor, category)
+        else:
             self.events.append(Event(RECLASS, key, category=category, phase=self.phase, step=self.step))
 
 
@@ -187,6 +200,34 @@ def _decoder_layers(decoder: Any) -> list[Any]:
 
 
 @contextmanager
+def _as_on_real_tensors() -> Iterator[None]:
+    """Make transformers' mask code take the path it takes on real tensors.
+
+    transformers treats a FakeTensor as a sign of graph tracing and then always builds a (b, 1, s, s) causal
+    mask — which on real tensors it skips for SDPA (passing `is_causal`), and whose presence also turns off
+    SDPA's grouped-query path (keys and values get repeated to every head). The traced batches are unpadded
+    and unpacked, so the real-tensor answers are known: not tracing, and no packed sequences.
+    """
+    try:
+        import transformers.masking_utils as masking
+        from transformers.utils.import_utils import is_tracing
+    except ImportError:  # pragma: no cover - older transformers have no masking_utils
+        yield
+        return
+    saved = {name: getattr(masking, name) for name in ("is_tracing", "find_packed_sequence_indices")
+             if hasattr(masking, name)}
+    if "is_tracing" in saved:
+        masking.is_tracing = lambda tensor=None: is_tracing(None)
+    if "find_packed_sequence_indices" in saved:
+        masking.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(masking, name, value)
+
+
+@contextmanager
 def _no_gc() -> Iterator[None]:
     """Frees happen at refcount zero only, so that every trace of a step has the same event order."""
     enabled = gc.isenabled()
@@ -201,6 +242,14 @@ def _no_gc() -> Iterator[None]:
 def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
                ) -> tuple[list[Event], ModelFacts]:
     """Events of two training steps of `config_data`'s model at micro-batch `batch`, length `seq`."""
+    with warnings.catch_warnings():
+        # Deprecation notices of the libraries traced through are for their maintainers, not our users.
+        warnings.simplefilter("ignore")
+        return _trace_step(config_data, settings, batch, seq)
+
+
+def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
+                ) -> tuple[list[Event], ModelFacts]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -245,7 +294,7 @@ def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int,
         recorder.phase, recorder.category = "backward", "temporaries"
 
     try:
-        with mode, _dispatch_mode(recorder), _no_gc():
+        with mode, _as_on_real_tensors(), _dispatch_mode(recorder), _no_gc():
             recorder.category = "activations"
             input_ids = torch.zeros((batch, seq), dtype=torch.long)
             labels = torch.zeros((batch, seq), dtype=torch.long)
@@ -263,9 +312,9 @@ def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int,
                                 recorder.reclassify(value, "optimizer")
                     optimizer.zero_grad(set_to_none=True)
                 recorder.phase = "setup"
-            del input_ids, labels
+            events = recorder.close()
     finally:
         head_hook.remove()
         for hook in hooks:
             hook.remove()
-    return recorder.events, facts
+    return events, facts

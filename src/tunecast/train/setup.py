@@ -6,9 +6,14 @@ weights, so that what is estimated is what runs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
+
+# bitsandbytes (imported by peft when present) logs at import that optional CPU kernels are missing; that
+# is not the user's concern.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 from tunecast.estimate.settings import AdapterSettings
 

@@ -1,0 +1,99 @@
+"""`tunecast memory` end to end on catalog models (traced for real on fake tensors)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PYTHON, run_subprocess
+from tunecast.catalog.store import load_catalog
+
+ACCEPTANCE = ["memory", "--model", "meta-llama/Llama-3.1-8B", "--method", "lora", "--lora-rank", "16",
+              "--lora-targets", "all-linear", "--micro-batch", "1", "--seq-len", "2048", "--precision", "bf16",
+              "--optimizer", "adamw", "--no-grad-checkpointing"]
+TOP_LEVEL = {"peak_allocated_gib", "peak_reserved_gib", "device_total_gib", "peak_phase", "host_ram_gib",
+             "breakdown_gib", "schema_version"}
+BREAKDOWN = {"weights", "trainable_weights", "gradients", "optimizer", "activations", "temporaries", "quantization",
+             "overhead"}
+
+
+@pytest.fixture(scope="module")
+def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("memory-cache")
+
+
+@pytest.fixture(autouse=True)
+def _shared_cache(module_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNECAST_CACHE", str(module_cache))
+
+
+def test_the_acceptance_command_prints_the_documented_json(cli) -> None:
+    result = cli(*ACCEPTANCE, "--json")
+    assert result.code == 0, result.stderr
+    document = result.json()
+    assert TOP_LEVEL <= set(document) and set(document["breakdown_gib"]) == BREAKDOWN
+    assert document["peak_phase"] in ("forward", "backward", "optimizer")
+    assert document["peak_allocated_gib"] <= document["peak_reserved_gib"] <= document["device_total_gib"]
+    assert sum(document["breakdown_gib"].values()) == pytest.approx(document["device_total_gib"], abs=0.01)
+    # bf16 weights of 8,030,261,248 parameters
+    assert document["breakdown_gib"]["weights"] == pytest.approx(8_030_261_248 * 2 / 2**30, abs=0.01)
+    # 32 layers × 2048 tokens × the per-layer figure measured on real steps (0.5636 GiB)
+    assert document["breakdown_gib"]["activations"] == pytest.approx(32 * 0.5636, rel=0.01)
+
+
+def test_a_config_file_of_any_name_gives_the_same_estimate(cli, tmp_path) -> None:
+    path = tmp_path / "my llama settings.json"
+    shutil.copy(load_catalog(None).models.config_path("meta-llama/Llama-3.1-8B"), path)
+    by_name = cli(*ACCEPTANCE, "--json").json()
+    by_file = cli(*[str(path) if a == "meta-llama/Llama-3.1-8B" else a for a in ACCEPTANCE], "--json").json()
+    by_name.pop("model"), by_file.pop("model")
+    by_name.pop("params"), by_file.pop("params")
+    assert by_name == by_file
+
+
+def test_a_run_that_does_not_fit_says_by_how_much_and_what_to_change(cli) -> None:
+    result = cli(*ACCEPTANCE, "--gpu", "rtx-4090", "--json")
+    assert result.code == 0, result.stderr
+    document = result.json()
+    assert document["gpu"] == "rtx-4090" and document["fits"] is False
+    assert document["headroom_gib"] == pytest.approx(23.99 - document["device_total_gib"], abs=0.01)
+    assert document["max_micro_batch"] == 0 and 0 < document["max_seq_len"] < 2048
+    suggestions = document["suggestions"]
+    assert any(s["fits"] for s in suggestions)
+    assert all(s["device_total_gib"] > 0 and s["settings"] for s in suggestions)
+    changes = {s["change"] for s in suggestions}
+    assert "turn on gradient checkpointing" in changes and "use QLoRA (4-bit NF4 base weights)" in changes
+    human = cli(*ACCEPTANCE, "--gpu", "rtx-4090")
+    assert "does not fit" in human.stdout and "GiB over" in human.stdout and "What would make it fit" in human.stdout
+
+
+def test_checkpointing_auto_turns_on_only_when_needed(cli) -> None:
+    auto = [a for a in ACCEPTANCE if a != "--no-grad-checkpointing"] + ["--set", "grad_checkpointing=auto"]
+    on_h200 = cli(*auto, "--gpu", "h200", "--json").json()
+    on_4090 = cli(*auto, "--gpu", "rtx-4090", "--json").json()
+    assert on_h200["grad_checkpointing"] is False and on_4090["grad_checkpointing"] is True
+    assert on_4090["fits"] is True
+
+
+def test_cpu_device(cli) -> None:
+    result = cli("memory", "--model", "Qwen/Qwen3-0.6B", "--micro-batch", "1", "--seq-len", "256", "--device", "cpu",
+                 "--json")
+    assert result.code == 0, result.stderr
+    document = result.json()
+    assert document["device"] == "cpu" and document["peak_reserved_gib"] == document["peak_allocated_gib"]
+    bad = cli("memory", "--model", "Qwen/Qwen3-0.6B", "--device", "cpu", "--gpu", "h100")
+    assert bad.code == 2 and "--gpu needs --device cuda" in bad.stderr
+
+
+def test_a_cached_estimate_does_not_import_torch(cli, module_cache) -> None:
+    assert cli(*ACCEPTANCE, "--json").code == 0  # warm the cache
+    script = ("import sys, json\nfrom tunecast.cli import main\n"
+              "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "sys.stderr.write('HEAVY=' + json.dumps(sorted(m for m in ('torch', 'transformers', 'peft') "
+              "if m in sys.modules)))\n")
+    result = run_subprocess(PYTHON, "-c", script, *ACCEPTANCE, "--json", env={"TUNECAST_CACHE": str(module_cache)})
+    assert 'HEAVY=[]' in result.stderr, result.stderr[-2000:]
+    assert json.loads(result.stdout)["peak_phase"]

@@ -1,0 +1,23 @@
+"""Tiny real architectures, built from a config in-process, for estimator and training tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def tiny_llama(**changes: Any) -> dict[str, Any]:
+    """A 10-layer Llama with hidden size 64: deep enough to exercise extrapolation (4 and 8 layers)."""
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 10,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False}
+    config.update(changes)
+    return config
+
+
+def tiny_qwen3(**changes: Any) -> dict[str, Any]:
+    """Qwen3 shape: per-head q/k norms, head_dim × heads larger than the hidden size, tied embeddings."""
+    config = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 10,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 640,
+              "max_position_embeddings": 4096, "tie_word_embeddings": True}
+    config.update(changes)
+    return config

@@ -1,0 +1,88 @@
+"""Fitting a GPU: limits found by search, and what to change when a run does not fit. The logic is tested
+on a synthetic memory model; tests/integration covers it with the real estimator."""
+
+from typing import Any
+
+import pytest
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.store import load_catalog
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.fit import _largest, fit_report
+from tunecast.estimate.memory import MemoryEstimate
+
+
+def test_largest_finds_the_edge_of_a_monotone_predicate() -> None:
+    assert _largest(lambda n: n <= 37, 1, 4096) == 37
+    assert _largest(lambda n: n <= 5000, 1, 4096) == 4096
+    assert _largest(lambda n: False, 1, 4096) == 0
+
+
+def gpu(usable_gib: float) -> Gpu:
+    row = load_catalog(None).gpus.get("rtx-4090")
+    return row.model_copy(update={"usable_memory_gib": usable_gib, "memory_gib": usable_gib})
+
+
+def synthetic_total(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None) -> float:
+    """GiB: weights 4 (1 as QLoRA), 0.5 per 1k tokens of activations (0.1 with checkpointing), ÷ GPUs."""
+    batch = micro_batch or run.micro_batch
+    seq = seq_len or run.seq_len
+    weights = 1.0 if run.method == "qlora" else 4.0
+    per_k_tokens = 0.1 if run.grad_checkpointing is True else 0.5
+    if run.activation_offload:
+        per_k_tokens *= 0.2
+    sharded = weights / run.gpus.count if run.gpus.strategy == "fsdp" else weights
+    return sharded + per_k_tokens * batch * seq / 1000
+
+
+def estimate_of(spec: RunSpec) -> Any:
+    total = synthetic_total(spec)
+    return MemoryEstimate("cuda", total, total, total, "backward", 0.0, 0.0, {}, {}, spec.micro_batch,
+                          spec.seq_len, ())
+
+
+def test_limits_are_the_largest_values_that_fit() -> None:
+    spec = RunSpec(model="x", micro_batch=4, seq_len=1000)
+    fit = fit_report(spec, estimate_of(spec), gpu(10.0), synthetic_total, context_len=131072)
+    assert fit.fits and fit.headroom_gib == pytest.approx(4.0)
+    assert fit.max_micro_batch == 12  # 4 + 0.5 × 12 = 10
+    assert fit.max_seq_len == 3000  # 4 + 0.5 × 4 × 3 = 10
+    assert not fit.suggestions
+
+
+def test_the_context_length_caps_the_longest_sequence() -> None:
+    spec = RunSpec(model="x", micro_batch=1, seq_len=1000)
+    fit = fit_report(spec, estimate_of(spec), gpu(80.0), synthetic_total, context_len=4096)
+    assert fit.max_seq_len == 4096 and fit.max_seq_len_capped
+
+
+def test_a_run_that_does_not_fit_gets_changes_with_their_peaks() -> None:
+    spec = RunSpec(model="x", micro_batch=8, seq_len=2000)  # 4 + 8 = 12 GiB
+    fit = fit_report(spec, estimate_of(spec), gpu(10.0), synthetic_total, context_len=None)
+    assert not fit.fits and fit.headroom_gib == pytest.approx(-2.0)
+    changes = {s.change: s for s in fit.suggestions}
+    assert changes["turn on gradient checkpointing"].device_total_gib == pytest.approx(4 + 1.6)
+    assert changes["turn on gradient checkpointing"].fits
+    assert changes["use QLoRA (4-bit NF4 base weights)"].device_total_gib == pytest.approx(9.0)
+    assert changes["micro-batch 4 with gradient accumulation 2"].settings == {"micro_batch": 4, "grad_accum": 2}
+    assert changes["shard over 2 GPUs with FSDP"].fits  # the fewest GPUs that make it fit
+    assert "shard over 4 GPUs with FSDP" not in changes
+
+
+def test_when_no_single_change_fits_the_changes_are_combined() -> None:
+    spec = RunSpec(model="x", micro_batch=16, seq_len=4000)  # 4 + 32 GiB; one sequence alone needs 6
+    fit = fit_report(spec, estimate_of(spec), gpu(5.0), synthetic_total, context_len=None)
+    assert not any(s.fits for s in fit.suggestions if not s.change.startswith("combine"))
+    [combined] = [s for s in fit.suggestions if s.change.startswith("combine")]
+    assert combined.change == "combine gradient checkpointing + chunked loss + 8-bit AdamW + QLoRA + micro-batch 1"
+    assert combined.fits and combined.device_total_gib == pytest.approx(1 + 0.1 * 4)
+
+
+def test_a_micro_batch_of_one_or_two_is_flagged() -> None:
+    spec = RunSpec(model="x", micro_batch=8, seq_len=4000)
+    fit = fit_report(spec, estimate_of(spec), gpu(5.0), synthetic_total, context_len=None)  # 4 + 2 per sequence
+    assert fit.max_micro_batch == 0 or fit.max_micro_batch <= 2
+    spec = RunSpec(model="x", micro_batch=8, seq_len=2000)
+    fit = fit_report(spec, estimate_of(spec), gpu(5.5), synthetic_total, context_len=None)  # one sequence: 5 GiB
+    assert fit.max_micro_batch == 1
+    assert any("micro-batch of 1" in w for w in fit.warnings)

@@ -1,0 +1,100 @@
+"""What the tracer counts, category by category, on tiny real models."""
+
+from typing import Any
+
+import pytest
+
+from tests.models import tiny_llama, tiny_qwen3
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.profile import profile_from_trace, replay
+from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.shape import build_meta_model, count_parameters
+from tunecast.estimate.tracer import trace_step
+
+
+def peaks(config: dict[str, Any], batch: int = 2, seq: int = 128, **spec: Any):  # type: ignore[no-untyped-def]
+    settings = TraceSettings.from_spec(RunSpec(model="x", **spec))
+    events, facts = trace_step(config, settings, batch, seq)
+    return replay(profile_from_trace(0, events, facts), batch, seq, cuda=False), facts
+
+
+def test_full_fine_tuning_weights_gradients_and_adamw_states() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    params = count_parameters(build_meta_model(config))
+    result, facts = peaks(config, method="full", precision="bf16")
+    optimizer_phase = result.phases["optimizer"].breakdown
+    assert optimizer_phase["trainable_weights"] == params * 2  # bf16
+    assert optimizer_phase["gradients"] == params * 2  # gradients live until zero_grad
+    assert optimizer_phase["optimizer"] >= 2 * params * 2  # exp_avg + exp_avg_sq in bf16 (+ step counters)
+    assert optimizer_phase["optimizer"] - 2 * params * 2 < 4096
+    assert facts.trainable_numel == params
+
+
+def test_lora_adapters_are_fp32_and_base_weights_frozen() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    result, facts = peaks(config, method="lora", lora={"rank": 4, "targets": ["q_proj", "v_proj"]})
+    forward = result.phases["forward"].breakdown
+    # q: 64→64, v: 64→32 (2 kv heads × 16); each layer adds r·(in + out) per target.
+    adapters = 2 * 4 * ((64 + 64) + (64 + 32))
+    assert facts.trainable_numel == adapters
+    assert forward["trainable_weights"] == adapters * 4
+    buffers = sum(b.numel() * b.element_size() for b in build_meta_model(config).buffers())  # rotary tables
+    assert forward["weights"] == count_parameters(build_meta_model(config)) * 2 + buffers
+
+
+def test_tied_embeddings_are_counted_once() -> None:
+    config = tiny_qwen3(num_hidden_layers=2)
+    result, _ = peaks(config, method="full")
+    assert result.phases["forward"].breakdown["trainable_weights"] == count_parameters(build_meta_model(config)) * 2
+
+
+def test_checkpointing_keeps_only_layer_inputs() -> None:
+    config = tiny_llama(num_hidden_layers=4)
+    plain, _ = peaks(config, method="lora", batch=2, seq=256)
+    checkpointed, _ = peaks(config, method="lora", batch=2, seq=256, grad_checkpointing=True)
+    assert checkpointed.phases["forward"].breakdown["activations"] < plain.phases["forward"].breakdown[
+        "activations"] / 4
+
+
+def test_chunked_loss_never_holds_all_logits() -> None:
+    config = tiny_llama(num_hidden_layers=2, vocab_size=8192)
+    standard, _ = peaks(config, method="lora", batch=2, seq=512)
+    chunked, _ = peaks(config, method="lora", batch=2, seq=512, loss="chunked")
+    logits_fp32 = 2 * 512 * 8192 * 4
+    assert standard.phases["backward"].breakdown["temporaries"] >= 2 * logits_fp32
+    assert chunked.phases["backward"].breakdown["temporaries"] < logits_fp32
+
+
+def test_optimizer_in_backward_frees_gradients_as_it_goes() -> None:
+    config = tiny_llama(num_hidden_layers=4)
+    params = count_parameters(build_meta_model(config))
+    normal, _ = peaks(config, method="full")
+    in_backward, _ = peaks(config, method="full", optimizer_in_backward=True, grad_accum=1)
+    assert normal.phases["optimizer"].breakdown["gradients"] == params * 2
+    assert max(p.breakdown["gradients"] for p in in_backward.phases.values()) < params * 2 / 2
+
+
+def test_sgd_keeps_no_state_and_adafactor_factors_it() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    sgd, _ = peaks(config, method="full", optimizer="sgd")
+    adafactor, _ = peaks(config, method="full", optimizer="adafactor")
+    adamw, _ = peaks(config, method="full")
+    assert sgd.phases["optimizer"].breakdown["optimizer"] == 0
+    assert 0 < adafactor.phases["optimizer"].breakdown["optimizer"] < adamw.phases["optimizer"].breakdown["optimizer"]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp32"])
+def test_fp32_master_weights(precision: str) -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    result, facts = peaks(config, method="full", precision=precision)
+    assert facts.param_dtype_bytes == 4
+    assert result.phases["forward"].breakdown["trainable_weights"] == count_parameters(build_meta_model(config)) * 4
+
+
+def test_dora_and_modules_to_save_add_what_peft_adds() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    plain, plain_facts = peaks(config, method="lora")
+    dora, dora_facts = peaks(config, method="lora", lora={"dora": True})
+    saved, saved_facts = peaks(config, method="lora", lora={"modules_to_save": ["lm_head"]})
+    assert dora_facts.trainable_numel > plain_facts.trainable_numel  # a magnitude vector per adapted layer
+    assert saved_facts.trainable_numel - plain_facts.trainable_numel == 512 * 64  # a trainable copy of lm_head
