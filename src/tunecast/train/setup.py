@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
+from tunecast.estimate.settings import AdapterSettings
+
 # bitsandbytes (imported by peft when present) logs at import that optional CPU kernels are missing; that
 # is not the user's concern.
 logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-
-from tunecast.estimate.settings import AdapterSettings
 
 # Parameter dtype and autocast dtype per `precision` (fp8 keeps bf16 master weights; its FP8 matmuls
 # run through torchao's float8 training, which the estimator models as bf16).

@@ -3,8 +3,8 @@
 from typing import Any
 
 import pytest
-
 from tests.models import tiny_llama, tiny_qwen3
+
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.analytic import Shape, activation_bytes_per_token_layer, analytic_peak_bytes, supports
 from tunecast.estimate.memory import _replayed

@@ -4,8 +4,8 @@ from typing import Any
 
 import pytest
 import torch
-
 from tests.models import tiny_llama
+
 from tunecast.catalog.overheads import overhead_bytes
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec

@@ -3,8 +3,8 @@
 from typing import Any
 
 import pytest
-
 from tests.models import tiny_llama, tiny_qwen3
+
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
 from tunecast.estimate.settings import TraceSettings
@@ -93,8 +93,8 @@ def test_fp32_master_weights(precision: str) -> None:
 
 def test_dora_and_modules_to_save_add_what_peft_adds() -> None:
     config = tiny_llama(num_hidden_layers=2)
-    plain, plain_facts = peaks(config, method="lora")
-    dora, dora_facts = peaks(config, method="lora", lora={"dora": True})
-    saved, saved_facts = peaks(config, method="lora", lora={"modules_to_save": ["lm_head"]})
+    _, plain_facts = peaks(config, method="lora")
+    _, dora_facts = peaks(config, method="lora", lora={"dora": True})
+    _, saved_facts = peaks(config, method="lora", lora={"modules_to_save": ["lm_head"]})
     assert dora_facts.trainable_numel > plain_facts.trainable_numel  # a magnitude vector per adapted layer
     assert saved_facts.trainable_numel - plain_facts.trainable_numel == 512 * 64  # a trainable copy of lm_head
