@@ -72,15 +72,16 @@ def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
 
 
 Total = Callable[..., float]
-"""total(run_spec, micro_batch=…, seq_len=…) → per-GPU device memory in GiB of that run."""
+"""total(run_spec, micro_batch=…, seq_len=…, exact=…) → per-GPU device memory in GiB of that run. `exact`
+says the answer is wanted at this one shape (no sweep will follow)."""
 
 
 def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Overhead, ...]) -> Total:
     """The `Total` the memory estimator gives for one model on one GPU."""
 
-    def total(run: RunSpec, **shape: int) -> float:
+    def total(run: RunSpec, *, exact: bool = False, **shape: int) -> float:
         return estimate_memory(run, config_data, device="cuda", gpu=gpu, overheads=overheads,
-                               **shape).device_total_gib
+                               exact_shape=exact, **shape).device_total_gib
 
     return total
 
@@ -143,7 +144,7 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
                        {"gpus__strategy": "fsdp", "gpus__offload": "params"}))
     found = []
     for change, settings in candidates:
-        peak = total(_with(spec, **settings))
+        peak = total(_with(spec, **settings), exact=True)
         found.append(Suggestion(change, _public(settings), peak, peak <= capacity))
     sharded = _fewest_gpus(spec, total, capacity)
     if sharded is not None:
@@ -160,7 +161,7 @@ def _fewest_gpus(spec: RunSpec, total: Callable[..., float], capacity: float) ->
         if count <= spec.gpus.count:
             continue
         settings = {"gpus__count": count, "gpus__strategy": "fsdp"}
-        peak = total(_with(spec, **settings))
+        peak = total(_with(spec, **settings), exact=True)
         last = Suggestion(f"shard over {count} GPUs with FSDP", _public(settings), peak, peak <= capacity)
         if last.fits:
             break
@@ -184,10 +185,11 @@ def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> li
             continue
         applied.update(settings)
         names.append(name)
-        peak = total(_with(spec, **applied))
+        peak = total(_with(spec, **applied), exact=True)
         if peak <= capacity:
             return [Suggestion("combine " + " + ".join(names), _public(applied), peak, True)]
-    return [Suggestion("combine " + " + ".join(names), _public(applied), total(_with(spec, **applied)), False)]
+    return [Suggestion("combine " + " + ".join(names), _public(applied), total(_with(spec, **applied), exact=True),
+                       False)]
 
 
 def _public(settings: dict[str, Any]) -> dict[str, Any]:

@@ -291,8 +291,9 @@ def _param_bytes(spec: RunSpec) -> int:
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
                     overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
                     micro_batch: int | None = None, seq_len: int | None = None,
-                    pair: ProfilePair | None = None) -> MemoryEstimate:
-    """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu")."""
+                    pair: ProfilePair | None = None, exact_shape: bool = False) -> MemoryEstimate:
+    """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
+    only this micro-batch and length when nothing is cached (cheaper; no sweeps from it)."""
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
     batch = micro_batch if micro_batch is not None else spec.micro_batch
     seq = seq_len if seq_len is not None else spec.seq_len
@@ -301,7 +302,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
     try:
         if pair is None or not pair.covers(batch, seq):
-            pair = get_profiles(config_data, settings, batch, seq)
+            pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape)
         step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
         facts = _facts(pair)
         param_bytes = pair.deeper.facts.param_dtype_bytes

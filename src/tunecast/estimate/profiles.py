@@ -93,8 +93,10 @@ class TracingUnavailable(Exception):
     """This torch build lacks the fake-tensor API the tracer needs."""
 
 
-def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> ProfilePair:
-    """Trace the two shallow depths and fit their profiles; cache the result."""
+def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
+                   exact: bool = False) -> ProfilePair:
+    """Trace the two shallow depths and fit their profiles; cache the result. With `exact`, trace the
+    shape (batch, seq) alone: a fifth of the work, for an answer needed at that shape only."""
     from tunecast.estimate.tracer import trace_step, tracing_available
 
     missing = tracing_available()
@@ -113,15 +115,15 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
         traced = [trace_step(shallow, settings, b, s) for b, s in points]
         return fit_profile(depth, points, [events for events, _ in traced], traced[0][1])
 
-    def exact(depth: int) -> StepProfile:
+    def at_shape(depth: int) -> StepProfile:
         events, facts = trace_step(shallow_config_data(config_data, depth), settings, batch, seq)
         return profile_from_trace(depth, events, facts)
 
-    fits = [fitted(depth) for depth in depths]
+    fits = [None] * len(depths) if exact else [fitted(depth) for depth in depths]
     shape: tuple[int, int] | None = None
     if any(profile is None for profile in fits):  # operations differ between shapes: trace the one asked for
         shape = (batch, seq)
-        profiles = [exact(depth) for depth in depths]
+        profiles = [at_shape(depth) for depth in depths]
     else:
         profiles = [profile for profile in fits if profile is not None]
     pair = ProfilePair(profiles[0], profiles[-1], full_depth, shape)
@@ -134,8 +136,9 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
     return pair
 
 
-def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> ProfilePair:
+def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
+                 exact: bool = False) -> ProfilePair:
     cached = cached_profiles(config_data, settings, batch, seq)
     if cached is not None and cached.covers(batch, seq):
         return cached
-    return trace_profiles(config_data, settings, batch, seq)
+    return trace_profiles(config_data, settings, batch, seq, exact=exact)

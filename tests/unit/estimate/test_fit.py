@@ -23,7 +23,8 @@ def gpu(usable_gib: float) -> Gpu:
     return row.model_copy(update={"usable_memory_gib": usable_gib, "memory_gib": usable_gib})
 
 
-def synthetic_total(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None) -> float:
+def synthetic_total(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None,
+                    exact: bool = False) -> float:
     """GiB: weights 4 (1 as QLoRA), 0.5 per 1k tokens of activations (0.1 with checkpointing), ÷ GPUs."""
     batch = micro_batch or run.micro_batch
     seq = seq_len or run.seq_len

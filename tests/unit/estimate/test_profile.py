@@ -43,10 +43,17 @@ def test_depth_extrapolation_equals_the_full_depth_trace(monkeypatch) -> None:
     settings = TraceSettings.from_spec(spec)
     pair = trace_profiles(config, settings, 2, 256)
     assert (pair.shallow.layers, pair.deeper.layers, pair.layers) == (4, 8, 12)
+    assert pair.exact_shape is None  # fitted: valid at every shape
     extrapolated = memory._replayed(pair, 2, 256, cuda=False, workspace=0)
     full = _direct(config, settings, 2, 256, cuda=False)
     for phase in ("forward", "backward", "optimizer"):
         assert extrapolated.phases[phase].total == pytest.approx(full.phases[phase].allocated, rel=1e-9)
+
+
+def test_an_exact_request_traces_the_one_shape(monkeypatch) -> None:
+    monkeypatch.setenv("TUNECAST_NO_CACHE", "1")
+    pair = trace_profiles(tiny_llama(), TraceSettings.from_spec(RunSpec(model="x")), 2, 300, exact=True)
+    assert pair.exact_shape == (2, 300)
 
 
 def test_shapes_that_trace_differently_fall_back_to_the_exact_shape(monkeypatch) -> None:
