@@ -30,6 +30,13 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     return home
 
 
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One profile cache for the estimator tests of a session: traces of the same model and settings are
+    deterministic, so sharing them changes no result and saves most of the tracing time."""
+    return tmp_path_factory.mktemp("profile-cache")
+
+
 @dataclass
 class Result:
     code: int

@@ -20,14 +20,9 @@ BREAKDOWN = {"weights", "trainable_weights", "gradients", "optimizer", "activati
              "overhead"}
 
 
-@pytest.fixture(scope="module")
-def module_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("memory-cache")
-
-
 @pytest.fixture(autouse=True)
-def _shared_cache(module_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(module_cache))
+def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
 
 
 def test_the_acceptance_command_prints_the_documented_json(cli) -> None:
@@ -88,12 +83,12 @@ def test_cpu_device(cli) -> None:
     assert bad.code == 2 and "--gpu needs --device cuda" in bad.stderr
 
 
-def test_a_cached_estimate_does_not_import_torch(cli, module_cache) -> None:
+def test_a_cached_estimate_does_not_import_torch(cli, shared_cache) -> None:
     assert cli(*ACCEPTANCE, "--json").code == 0  # warm the cache
     script = ("import sys, json\nfrom tunecast.cli import main\n"
               "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
               "sys.stderr.write('HEAVY=' + json.dumps(sorted(m for m in ('torch', 'transformers', 'peft') "
               "if m in sys.modules)))\n")
-    result = run_subprocess(PYTHON, "-c", script, *ACCEPTANCE, "--json", env={"TUNECAST_CACHE": str(module_cache)})
+    result = run_subprocess(PYTHON, "-c", script, *ACCEPTANCE, "--json", env={"TUNECAST_CACHE": str(shared_cache)})
     assert 'HEAVY=[]' in result.stderr, result.stderr[-2000:]
     assert json.loads(result.stdout)["peak_phase"]

@@ -158,9 +158,10 @@ def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -
 def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
     import torch
 
+    from tunecast.train.setup import decoder_layers, param_dtype
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder()
-    layers = _decoder_layers(decoder)
+    layers = decoder_layers(model)
     quantizable = []
     for layer in layers:
         for module in layer.modules():
@@ -169,7 +170,7 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
                 quantizable.append(weight.numel())
     trainable = [p for p in model.parameters() if p.requires_grad]
     first = list(layers[0].parameters()) if layers else []
-    element = torch.empty((), dtype=param_dtype_of(settings)).element_size()
+    element = torch.empty((), dtype=param_dtype(settings.precision)).element_size()
     return ModelFacts(
         attention=str(base.config._attn_implementation),
         quantizable_numel=sum(quantizable),
@@ -181,22 +182,6 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
         layer_bytes=sum(p.numel() * p.element_size() for p in first),
         param_dtype_bytes=element,
     )
-
-
-def param_dtype_of(settings: TraceSettings) -> Any:
-    from tunecast.train.setup import param_dtype
-
-    return param_dtype(settings.precision)
-
-
-def _decoder_layers(decoder: Any) -> list[Any]:
-    import torch
-
-    for name in ("layers", "h", "blocks"):
-        candidate = getattr(decoder, name, None)
-        if isinstance(candidate, torch.nn.ModuleList):
-            return list(candidate)
-    return []
 
 
 @contextmanager

@@ -11,16 +11,7 @@ from typing import Any
 
 import torch
 
-
-def decoder_layers(model: Any) -> list[torch.nn.Module]:
-    """The decoder layers of a causal-LM model (transformers names the list `layers`, `h` or `blocks`)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder()
-    for name in ("layers", "h", "blocks"):
-        candidate = getattr(decoder, name, None)
-        if isinstance(candidate, torch.nn.ModuleList):
-            return list(candidate)
-    return []
+from tunecast.train.setup import decoder_layers
 
 
 def quantize_nf4(model: Any, *, compute_dtype: torch.dtype, double_quant: bool, device: str) -> Any:

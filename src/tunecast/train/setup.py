@@ -110,3 +110,13 @@ def decoder_and_head(model: Any) -> tuple[Any, Any]:
     """The decoder stack (returns hidden states) and the output head of a causal-LM model or PeftModel."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return base.get_decoder(), base.get_output_embeddings()
+
+
+def decoder_layers(model: Any) -> list[torch.nn.Module]:
+    """The decoder layers of a causal-LM model (transformers names the list `layers`, `h` or `blocks`)."""
+    decoder, _ = decoder_and_head(model)
+    for name in ("layers", "h", "blocks"):
+        candidate = getattr(decoder, name, None)
+        if isinstance(candidate, torch.nn.ModuleList):
+            return list(candidate)
+    return []

@@ -1,16 +1,10 @@
-"""Estimator tests share one profile cache for the session: traces of the same tiny model and settings are
-deterministic, so reusing them changes no result and saves most of the tracing time."""
+"""Estimator tests share the session's profile cache (see tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("profile-cache")
 
 
 @pytest.fixture(autouse=True)

@@ -37,7 +37,8 @@ def test_nf4_weights_and_constants_match_bitsandbytes_tensors(catalog) -> None:
     from transformers import AutoModelForCausalLM
 
     from tunecast.estimate.shape import hf_config
-    from tunecast.train.quantize import decoder_layers, quantize_nf4
+    from tunecast.train.quantize import quantize_nf4
+    from tunecast.train.setup import decoder_layers
 
     config = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
                         num_hidden_layers=2)
