@@ -192,12 +192,17 @@ def _resolve_paths(spec: RunSpec, origins: dict[str, str], base_dir: Path | None
         return str(candidate.resolve())
 
     dataset = spec.dataset
-    if dataset.path is not None:
-        resolved = absolute("dataset.path", dataset.path)
+    updates: dict[str, str] = {}
+    for key in ("path", "tokenizer"):
+        value = getattr(dataset, key)
+        if value is None:
+            continue
+        resolved = absolute(f"dataset.{key}", value)
         if "://" not in resolved and not Path(resolved).exists():
-            problems.append(Problem("dataset.path", f"{resolved} does not exist",
+            problems.append(Problem(f"dataset.{key}", f"{resolved} does not exist",
                                     "check the path; a relative path is taken relative to the config file",
-                                    location=locate("dataset.path")))
-        dataset = dataset.model_copy(update={"path": resolved})
+                                    location=locate(f"dataset.{key}")))
+        updates[key] = resolved
+    dataset = dataset.model_copy(update=updates)
     output = absolute("output", spec.output) if spec.output is not None else None
     return spec.model_copy(update={"dataset": dataset, "output": output})

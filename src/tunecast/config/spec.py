@@ -20,6 +20,7 @@ Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 Strategy = Literal["ddp", "fsdp", "zero2", "zero3"]
 Offload = Literal["none", "optimizer", "params"]
 DatasetFormat = Literal["auto", "text", "prompt-completion", "alpaca", "sharegpt", "messages"]
+TrainOn = Literal["auto", "completion", "all"]
 PlanAllowance = Literal[
     "lora", "qlora", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "optimizer_in_backward",
     "activation_offload", "chunked_loss", "offload", "fsdp",
@@ -91,6 +92,18 @@ class DatasetSpec(_Section):
     format: DatasetFormat = "auto"
     """Record layout: `text`, `prompt-completion`, `alpaca`, `sharegpt`, `messages`, or `auto` to
     detect it from the first rows. Default `auto`."""
+
+    tokenizer: str | None = Field(None, examples=["models/my-model", "tokenizer.json"])
+    """Tokenizer to count and train with: a folder holding tokenizer files or a tokenizer.json. Default: the
+    model's own when it is on disk (a model folder, or the local Hugging Face cache), else a stated
+    bytes-per-token estimate for counting."""
+
+    train_on: TrainOn = "auto"
+    """Which tokens count in the loss: `completion` (responses: the completion, alpaca's output, assistant
+    turns), `all`, or `auto` (completion, but everything for plain text). Default `auto`."""
+
+    skip_invalid: bool = False
+    """Skip rows that cannot be read (and report how many and which) instead of stopping. Default false."""
 
     examples: PositiveInt | None = Field(None, examples=[50000])
     """Declared number of examples, for planning without the file. Needs `mean_tokens`. Default: none."""

@@ -1,0 +1,93 @@
+"""`tunecast data`: what a dataset holds in tokens, as the planner and the trainer will count them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from tunecast.cli.app import state
+from tunecast.cli.render import err, out, print_json
+from tunecast.data.counters import choose_counter
+from tunecast.data.stats import DatasetStats, measure
+
+
+def data_command(
+    ctx: typer.Context,
+    path: Annotated[str, typer.Argument(help="JSONL, JSON, CSV or Parquet file, a datasets folder, or an fsspec URL.")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model whose tokenizer counts the tokens "
+                                              "(a local model folder, or a catalog name).")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="A tokenizer folder or tokenizer.json file.")]
+    = None,
+    layout: Annotated[str, typer.Option("--format", help="auto, text, prompt-completion, alpaca, sharegpt or "
+                                        "messages.")] = "auto",
+    seq_len: Annotated[int, typer.Option("--seq-len", help="Sequence length: longer examples are truncated.")] = 2048,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch (for padding).")] = 1,
+    train_on: Annotated[str, typer.Option("--train-on", help="completion (responses only; plain text: all) "
+                                          "or all.")] = "auto",
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="Skip invalid rows, and report them.")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Order of micro-batches for the padding figure.")] = 42,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Examples, tokens (processed and trained), lengths, truncation, padding and packing efficiency."""
+    from tunecast.data.settings import validate_data_options
+
+    validate_data_options(layout=layout, seq_len=seq_len, micro_batch=micro_batch, train_on=train_on)
+    counter = choose_counter(model=model, tokenizer=tokenizer, catalog=state(ctx).catalog(),
+                             base_dir=Path.cwd())
+    if not counter.exact:
+        err.print(f"[yellow]No tokenizer on disk: counting with an {escape(counter.description)}.[/]\n"
+                  "[dim]  Pass --tokenizer DIR|tokenizer.json, or --model a local model folder, for exact counts.[/]")
+    with err.status("Reading the dataset…") as status:
+        stats = measure(path, counter, seq_len=seq_len, micro_batch=micro_batch, layout=layout, train_on=train_on,
+                        skip_invalid=skip_invalid, seed=seed,
+                        progress=lambda n: status.update(f"Reading the dataset… {n:,} examples"))
+    if json_output:
+        print_json(stats.as_dict())
+        return
+    _render(stats)
+
+
+def _render(stats: DatasetStats) -> None:
+    out.print(f"[bold]{escape(stats.source)}[/]: {escape(stats.detection)}")
+    out.print(f"tokens counted by {escape(stats.tokenizer)}")
+    table = Table(box=box.SIMPLE_HEAD, show_header=False)
+    table.add_column("")
+    table.add_column("", justify="right")
+    table.add_row("examples", f"{stats.examples:,}")
+    table.add_row(f"processed tokens (≤ {stats.seq_len:,} per example)", f"{stats.total_tokens:,}")
+    table.add_row("trained tokens (in the loss)", f"{stats.trained_tokens:,}")
+    table.add_row(f"examples longer than {stats.seq_len:,}", f"{stats.truncated_examples:,}")
+    table.add_row("tokens lost to truncation", f"{stats.truncated_tokens:,}")
+    p = stats.length_percentiles
+    table.add_row("length p50 / p90 / p99 / max", f"{p['p50']:,} / {p['p90']:,} / {p['p99']:,} / {p['max']:,}")
+    table.add_row(f"padding efficiency (micro-batch {stats.micro_batch})", f"{stats.padding_efficiency:.1%}")
+    table.add_row(f"packing efficiency ({stats.packed_sequences:,} sequences of {stats.seq_len:,})",
+                  f"{stats.packing_efficiency:.1%}")
+    out.print(table)
+    biggest = max((b["examples"] for b in stats.histogram), default=0)
+    histogram = Table(box=box.SIMPLE_HEAD, title="Lengths (tokens)", title_justify="left")
+    histogram.add_column("tokens", justify="right")
+    histogram.add_column("examples", justify="right")
+    histogram.add_column("")
+    for row in stats.histogram:
+        bar = "█" * round(30 * row["examples"] / biggest) if biggest else ""
+        span = f"{row['from']:,}–{row['to']:,}"
+        if row["from"] > stats.seq_len:
+            span += " (truncated)"
+        histogram.add_row(span, f"{row['examples']:,}", bar)
+    out.print(histogram)
+    if stats.skipped_rows:
+        err.print(f"[yellow]Skipped {stats.skipped_rows:,} invalid row(s):[/]")
+        for row in stats.skipped:
+            err.print(f"  {escape(row['where'])}: {escape(row['message'])}")
+        if stats.skipped_rows > len(stats.skipped):
+            err.print(f"  … and {stats.skipped_rows - len(stats.skipped):,} more")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("data")(data_command)

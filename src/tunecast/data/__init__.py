@@ -1,0 +1,1 @@
+"""Datasets: read, detect the format, tokenize, measure, pack."""
