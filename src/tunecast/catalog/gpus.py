@@ -27,6 +27,8 @@ class Gpu(CatalogRow):
     """Dense BF16 tensor-core TFLOPS with FP32 accumulate (no sparsity)."""
     fp8_tflops: float | None = Field(None, gt=0)
     """Dense FP8 TFLOPS; empty for cards without FP8 tensor cores."""
+    matmul_efficiency: float | None = Field(None, gt=0, le=1)
+    """Measured largest fraction of bf16_tflops a large matmul reaches; empty where not measured."""
     memory_bandwidth_gb_per_s: float = Field(gt=0)
     interconnect: str
     interconnect_gb_per_s: float = Field(gt=0)

@@ -20,11 +20,13 @@ from tunecast.catalog.models import ModelEntry, ModelIndex
 from tunecast.catalog.offers import Offer
 from tunecast.catalog.overheads import Overhead
 from tunecast.catalog.rows import parse_rows
+from tunecast.catalog.throughput import ThroughputConstants, ThroughputRow
 from tunecast.errors import ConfigError, Problem, TunecastError
 
 GPUS_FILE = "gpus.csv"
 OFFERS_FILE = "offers.csv"
 OVERHEADS_FILE = "overheads.csv"
+THROUGHPUT_FILE = "throughput.csv"
 MODELS_FILE = "models.csv"
 MODELS_DIR = "models"
 
@@ -43,6 +45,7 @@ class Catalog:
     models: ModelIndex
     user_dir: Path | None
     overheads: tuple[Overhead, ...] = ()
+    throughput: ThroughputConstants = ThroughputConstants(())
 
     @property
     def providers(self) -> list[str]:
@@ -130,6 +133,8 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         models=ModelIndex(models),
         user_dir=active_user_dir,
         overheads=tuple(overheads.values()),
+        throughput=ThroughputConstants(tuple(parse_rows(_read(bundled / THROUGHPUT_FILE), ThroughputRow,
+                                                        THROUGHPUT_FILE))),
     )
 
 

@@ -152,8 +152,9 @@ class CheckpointSpec(_Section):
 class PricingSpec(_Section):
     """Which price offers the planner considers."""
 
-    spot: bool = False
-    """Price spot (interruptible) capacity where an offer has it. Default false (on-demand)."""
+    spot: bool = True
+    """Also price spot (interruptible) capacity where an offer has it, with the expected cost of preemptions.
+    Default true; false compares on-demand prices only."""
 
     providers: list[str] = Field(default_factory=list, examples=[["lambda", "runpod"]])
     """Only these providers (names as in `tunecast offers`). Default: all."""

@@ -49,6 +49,7 @@ class DatasetStats:
     packing_efficiency: float
     skipped_rows: int = 0
     skipped: list[dict[str, Any]] = field(default_factory=list)
+    kept_lengths: array[int] | None = field(default=None, repr=False)  # per example, after truncation
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -186,5 +187,6 @@ def measure(source: str, counter: TokenCounter, *, seq_len: int, micro_batch: in
         skipped_rows=len(bad),
         skipped=[{"where": row.where, "field": row.field, "message": row.message}
                  for row in bad[:MAX_REPORTED_BAD_ROWS]],
+        kept_lengths=kept_lengths,
     )
 

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from tunecast.estimate.allocator import CachingAllocator, round_size
-from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts
+from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts, Trace
 
 BASIS_NAMES = ("1", "s", "s2", "bs", "bs2")
 FIT_SHAPES_SINGLE = ((1, 512), (1, 1024), (1, 1536))
@@ -79,16 +79,28 @@ class StepProfile:
     layers: int
     events: list[ProfileEvent]
     facts: ModelFacts
+    flops: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """FLOPs of one step's forward and backward by kind (`matmul`, `attention`), as coefficients over
+    BASIS_NAMES like the sizes."""
+
+    def flops_at(self, batch: int, seq: int) -> dict[str, float]:
+        terms = basis(batch, seq)
+        return {kind: sum(c * t for c, t in zip(coefficients, terms, strict=True))
+                for kind, coefficients in self.flops.items()}
 
     def to_json(self) -> dict[str, Any]:
-        return {"layers": self.layers, "facts": asdict(self.facts),
+        return {"layers": self.layers, "facts": asdict(self.facts), "flops": {k: list(v) for k, v in self.flops.items()},
                 "events": [[e.kind, e.key, list(e.size), e.category, e.phase, e.step] for e in self.events]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepProfile:
         events = [ProfileEvent(kind, key, tuple(size), category, phase, step)
                   for kind, key, size, category, phase, step in data["events"]]
-        return cls(layers=data["layers"], events=events, facts=ModelFacts(**data["facts"]))
+        facts = data["facts"]
+        facts["layer_linears"] = tuple(tuple(x) for x in facts.get("layer_linears", ()))
+        facts["head_linear"] = tuple(facts.get("head_linear", (0, 0, False)))
+        return cls(layers=data["layers"], events=events, facts=ModelFacts(**facts),
+                   flops={k: tuple(v) for k, v in data.get("flops", {}).items()})
 
 
 def events_align(traces: list[list[Event]]) -> bool:
@@ -102,32 +114,45 @@ def events_align(traces: list[list[Event]]) -> bool:
     )
 
 
-def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[list[Event]],
-                facts: ModelFacts) -> StepProfile | None:
-    """Fit every allocation's size over the basis; None when the traces do not align."""
+def _fit(rows: list[tuple[int, ...]], values: list[int | float]) -> tuple[float, ...]:
+    """Coefficients over BASIS_NAMES of values measured at the rows' shapes."""
+    if len(set(values)) == 1:
+        return (float(values[0]), 0.0, 0.0, 0.0, 0.0)
+    exact = _solve(rows, [round(v) for v in values])
+    return tuple(float(c) for c in exact) + (0.0,) * (len(BASIS_NAMES) - len(exact))
+
+
+def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[Trace]) -> StepProfile | None:
+    """Fit every allocation's size, and the FLOPs, over the basis; None when the traces do not align."""
     rows = _rows(shapes)
-    if len(shapes) != len(rows[0]) or not events_align(traces):
+    event_lists = [trace.events for trace in traces]
+    if len(shapes) != len(rows[0]) or not events_align(event_lists):
         return None
     events: list[ProfileEvent] = []
-    for index, event in enumerate(traces[0]):
+    for index, event in enumerate(event_lists[0]):
         if event.kind == ALLOC:
-            sizes = [trace[index].nbytes for trace in traces]
-            if len(set(sizes)) == 1:
-                coefficients: tuple[float, ...] = (float(sizes[0]), 0.0, 0.0, 0.0, 0.0)
-            else:
-                exact = _solve(rows, sizes)
-                coefficients = tuple(float(c) for c in exact) + (0.0,) * (len(BASIS_NAMES) - len(exact))
+            coefficients = _fit(rows, [events_[index].nbytes for events_ in event_lists])
             events.append(ProfileEvent(ALLOC, event.key, coefficients, event.category, event.phase, event.step))
         else:
             events.append(ProfileEvent(event.kind, event.key, (), event.category, event.phase, event.step))
-    return StepProfile(layers, events, facts)
+    flops = {"elementwise_bytes": _fit(rows, [trace.flops["elementwise_bytes"] for trace in traces])}
+    # FLOPs are counted in the first two traces only (a pass of their own): every FLOP scales with the
+    # batch's tokens, b·s (matmuls) or b·s² (attention scores), so two shapes determine them.
+    counted = [(shape, trace) for shape, trace in zip(shapes, traces, strict=True) if "matmul" in trace.flops][:2]
+    if len(counted) == 2:
+        flop_rows = [(b * s, b * s * s) for (b, s), _ in counted]
+        for kind in ("matmul", "attention"):
+            per_token, per_pair = _solve(flop_rows, [round(trace.flops[kind]) for _, trace in counted])
+            flops[kind] = (0.0, 0.0, 0.0, float(per_token), float(per_pair))
+    return StepProfile(layers, events, traces[0].facts, flops)
 
 
-def profile_from_trace(layers: int, trace: list[Event], facts: ModelFacts) -> StepProfile:
+def profile_from_trace(layers: int, trace: Trace) -> StepProfile:
     """A profile valid at the traced shape only (used when traces at different shapes do not align)."""
     events = [ProfileEvent(e.kind, e.key, (float(e.nbytes), 0.0, 0.0, 0.0, 0.0) if e.kind == ALLOC else (),
-                           e.category, e.phase, e.step) for e in trace]
-    return StepProfile(layers, events, facts)
+                           e.category, e.phase, e.step) for e in trace.events]
+    flops = {kind: (value, 0.0, 0.0, 0.0, 0.0) for kind, value in trace.flops.items()}
+    return StepProfile(layers, events, trace.facts, flops)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.paths import cache_dir
 
-PROFILE_FORMAT = 7  # bump when what a profile holds changes
+PROFILE_FORMAT = 11  # bump when what a profile holds changes
 
 
 @dataclass(frozen=True)
@@ -112,12 +112,11 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
 
     def fitted(depth: int) -> StepProfile | None:
         shallow = shallow_config_data(config_data, depth)
-        traced = [trace_step(shallow, settings, b, s) for b, s in points]
-        return fit_profile(depth, points, [events for events, _ in traced], traced[0][1])
+        return fit_profile(depth, points, [trace_step(shallow, settings, b, s, count_flops=index < 2)
+                                           for index, (b, s) in enumerate(points)])
 
     def at_shape(depth: int) -> StepProfile:
-        events, facts = trace_step(shallow_config_data(config_data, depth), settings, batch, seq)
-        return profile_from_trace(depth, events, facts)
+        return profile_from_trace(depth, trace_step(shallow_config_data(config_data, depth), settings, batch, seq))
 
     fits = [None] * len(depths) if exact else [fitted(depth) for depth in depths]
     shape: tuple[int, int] | None = None

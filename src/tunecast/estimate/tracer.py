@@ -41,6 +41,16 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Trace:
+    """What one traced step gives: its allocation events, facts about the model, and the floating-point
+    operations of the second step (`matmul` and `attention`, multiply-adds counted as two)."""
+
+    events: list[Event]
+    facts: ModelFacts
+    flops: dict[str, float]
+
+
+@dataclass(frozen=True)
 class ModelFacts:
     """What the traced (shallow) model is made of, for the terms a trace cannot see."""
 
@@ -53,6 +63,8 @@ class ModelFacts:
     layer_numel: int  # parameters of one decoder layer (FSDP gathers a layer at a time)
     layer_bytes: int
     param_dtype_bytes: int
+    layer_linears: tuple[tuple[int, int, bool], ...] = ()  # (in, out, weight trains) of one decoder layer
+    head_linear: tuple[int, int, bool] = (0, 0, False)  # the output head
 
 
 def tracing_available() -> str | None:
@@ -76,16 +88,20 @@ class _Recorder:
         self.phase = "setup"
         self.step = 0
         self.closed = False
+        self.counting = False  # True while the measured step's forward and backward run
+        self.elementwise_bytes = 0  # bytes written to new tensors by operations other than matmuls
 
-    def track(self, tensor: Any, category: str | None = None) -> None:
+    def track(self, tensor: Any, category: str | None = None) -> int:
+        """Record a tensor's storage if it is new; returns the bytes newly allocated (0 if seen)."""
         storage = tensor.untyped_storage()
-        if id(storage) in self._keys:
-            return
+        if self.closed or id(storage) in self._keys:
+            return 0
         key = self._next
         self._next += 1
         self._keys[id(storage)] = key
         self.events.append(Event(ALLOC, key, storage.nbytes(), category or self.category, self.phase, self.step))
         weakref.finalize(storage, self._free, id(storage))
+        return int(storage.nbytes())
 
     def _free(self, storage_id: int) -> None:
         key = self._keys.pop(storage_id, None)
@@ -101,6 +117,8 @@ class _Recorder:
     def reclassify(self, tensor: Any, category: str) -> None:
         """Mark a tensor's storage as `category`. One the dispatch mode never saw (autograd creates some
         gradients, the embedding's among them, below the Python dispatcher) is recorded here."""
+        if self.closed:
+            return
         key = self._keys.get(id(tensor.untyped_storage()))
         if key is None:
             self.track(tensor, category)
@@ -116,9 +134,12 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
+            written = 0
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
-                    recorder.track(leaf)
+                    written += recorder.track(leaf)
+            if recorder.counting and func.overloadpacket.__name__ not in _COMPUTE_OPS:
+                recorder.elementwise_bytes += written
             return out
 
     return Recording()
@@ -170,6 +191,11 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
                 quantizable.append(weight.numel())
     trainable = [p for p in model.parameters() if p.requires_grad]
     first = list(layers[0].parameters()) if layers else []
+    linears = tuple((m.in_features, m.out_features, bool(m.weight.requires_grad))
+                    for m in (layers[0].modules() if layers else ()) if isinstance(m, torch.nn.Linear))
+    head = base.get_output_embeddings()
+    head_linear = (head.in_features, head.out_features, bool(head.weight.requires_grad)) \
+        if isinstance(head, torch.nn.Linear) else (0, 0, False)
     element = torch.empty((), dtype=param_dtype(settings.precision)).element_size()
     return ModelFacts(
         attention=str(base.config._attn_implementation),
@@ -181,7 +207,51 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
         layer_numel=sum(p.numel() for p in first),
         layer_bytes=sum(p.numel() * p.element_size() for p in first),
         param_dtype_bytes=element,
+        layer_linears=linears,
+        head_linear=head_linear,
     )
+
+
+# Operations whose time is their arithmetic (counted as FLOPs); the rest move memory.
+_COMPUTE_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm",
+                "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+_ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
+                  "_scaled_dot_product_flash_attention_for_cpu_backward")
+
+
+def _register_attention_flops() -> None:
+    """torch's FlopCounterMode knows the CUDA attention kernels but not the CPU flash kernel the trace runs
+    through, and counts attention as if every score were needed. Register the CPU kernel with torch's own
+    formulas (the backward recomputes the scores), halved when causal: the kernels skip masked blocks."""
+    import torch
+    from torch.utils import flop_counter
+
+    forward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    backward_op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    if forward_op in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(forward_op)
+    def forward(query: Any, key: Any, value: Any, dropout: float = 0.0, is_causal: bool = False,
+                *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        flops = flop_counter.sdpa_flop_count(query, key, value)
+        return flops // 2 if is_causal else flops
+
+    @flop_counter.register_flop_formula(backward_op)
+    def backward(grad_out: Any, query: Any, key: Any, value: Any, out: Any, logsumexp: Any, dropout: float = 0.0,
+                 is_causal: bool = False, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+        flops = flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
+        return flops // 2 if is_causal else flops
+
+
+def _split_flops(counter: Any) -> dict[str, float]:
+    attention = matmul = 0.0
+    for op, count in counter.get_flop_counts().get("Global", {}).items():
+        if any(name in str(op) for name in _ATTENTION_OPS):
+            attention += count
+        else:
+            matmul += count
+    return {"matmul": matmul, "attention": attention}
 
 
 @contextmanager
@@ -224,23 +294,27 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
-               ) -> tuple[list[Event], ModelFacts]:
-    """Events of two training steps of `config_data`'s model at micro-batch `batch`, length `seq`."""
+def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
+               count_flops: bool = True) -> Trace:
+    """Two training steps of `config_data`'s model at micro-batch `batch`, length `seq`; with `count_flops`
+    a third forward and backward pass under FlopCounterMode (`flops` holds matmul and attention FLOPs)."""
     with warnings.catch_warnings():
         # Deprecation notices of the libraries traced through are for their maintainers, not our users.
         warnings.simplefilter("ignore")
-        return _trace_step(config_data, settings, batch, seq)
+        return _trace_step(config_data, settings, batch, seq, count_flops)
 
 
-def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
-                ) -> tuple[list[Event], ModelFacts]:
+def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int,
+                count_flops: bool) -> Trace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch.utils.flop_counter import FlopCounterMode
 
     from tunecast.train.setup import make_optimizer
     from tunecast.train.step import forward_backward
 
+    _register_attention_flops()
     model = build_training_model(config_data, settings)
     facts = model_facts(model, settings)
     mode = FakeTensorMode()
@@ -279,27 +353,38 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
         recorder.phase, recorder.category = "backward", "temporaries"
 
     try:
-        with mode, _as_on_real_tensors(), _dispatch_mode(recorder), _no_gc():
-            recorder.category = "activations"
-            input_ids = torch.zeros((batch, seq), dtype=torch.long)
-            labels = torch.zeros((batch, seq), dtype=torch.long)
-            for step in range(1, STEPS + 1):
-                recorder.step = step
-                recorder.phase, recorder.category = "forward", "activations"
-                forward_backward(model, input_ids, labels, precision=settings.precision,
-                                 chunked_loss=settings.loss == "chunked", on_backward=to_backward)
-                recorder.phase = "optimizer"
-                if optimizer is not None:
-                    optimizer.step()
-                    for state in optimizer.state.values():
-                        for value in state.values():
-                            if isinstance(value, torch.Tensor):
-                                recorder.reclassify(value, "optimizer")
-                    optimizer.zero_grad(set_to_none=True)
-                recorder.phase = "setup"
-            events = recorder.close()
+        with mode, _as_on_real_tensors(), _no_gc():
+            with _dispatch_mode(recorder):
+                recorder.category = "activations"
+                input_ids = torch.zeros((batch, seq), dtype=torch.long)
+                labels = torch.zeros((batch, seq), dtype=torch.long)
+                for step in range(1, STEPS + 1):
+                    recorder.step = step
+                    recorder.phase, recorder.category = "forward", "activations"
+                    recorder.counting = step == STEPS
+                    forward_backward(model, input_ids, labels, precision=settings.precision,
+                                     chunked_loss=settings.loss == "chunked", on_backward=to_backward)
+                    recorder.counting = False
+                    recorder.phase = "optimizer"
+                    if optimizer is not None:
+                        optimizer.step()
+                        for state in optimizer.state.values():
+                            for value in state.values():
+                                if isinstance(value, torch.Tensor):
+                                    recorder.reclassify(value, "optimizer")
+                        optimizer.zero_grad(set_to_none=True)
+                    recorder.phase = "setup"
+                events = recorder.close()
+            # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps tensors alive, which would
+            # change what checkpointing frees in the traced steps.
+            counter = FlopCounterMode(display=False)
+            if count_flops:
+                with counter:
+                    forward_backward(model, input_ids, labels, precision=settings.precision,
+                                     chunked_loss=settings.loss == "chunked")
     finally:
         head_hook.remove()
         for hook in hooks:
             hook.remove()
-    return events, facts
+    flops = _split_flops(counter) if count_flops else {}
+    return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes)})

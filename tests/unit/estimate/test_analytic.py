@@ -57,8 +57,8 @@ def test_a_layers_activations_equal_the_formula_exactly(config, settings) -> Non
     trace_settings = TraceSettings.from_spec(spec)
 
     def activations(layers: int) -> float:
-        events, facts = trace_step(shallow_config_data(config, layers), trace_settings, 1, 512)
-        return replay(profile_from_trace(layers, events, facts), 1, 512, cuda=False).phases["backward"].breakdown[
+        trace = trace_step(shallow_config_data(config, layers), trace_settings, 1, 512)
+        return replay(profile_from_trace(layers, trace), 1, 512, cuda=False).phases["backward"].breakdown[
             "activations"]
 
     assert activations(2) - activations(1) == 512 * activation_bytes_per_token_layer(config, spec)

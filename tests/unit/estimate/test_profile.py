@@ -13,8 +13,7 @@ from tunecast.estimate.tracer import trace_step
 
 
 def _direct(config, settings, batch, seq, cuda=True):  # type: ignore[no-untyped-def]
-    events, facts = trace_step(config, settings, batch, seq)
-    return replay(profile_from_trace(0, events, facts), batch, seq, cuda=cuda)
+    return replay(profile_from_trace(0, trace_step(config, settings, batch, seq)), batch, seq, cuda=cuda)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
@@ -24,7 +23,7 @@ def test_fitted_profile_equals_a_direct_trace(attention, batch, seq) -> None:
     settings = TraceSettings.from_spec(RunSpec(model="x", method="lora", attention=attention))
     points = fit_points(batch)
     traced = [trace_step(config, settings, b, s) for b, s in points]
-    profile = fit_profile(2, points, [events for events, _ in traced], traced[0][1])
+    profile = fit_profile(2, points, traced)
     assert profile is not None
     fitted = replay(profile, batch, seq, cuda=True)
     direct = _direct(config, settings, batch, seq)
@@ -63,3 +62,14 @@ def test_shapes_that_trace_differently_fall_back_to_the_exact_shape(monkeypatch)
     monkeypatch.setattr(profiles, "fit_profile", lambda *args: None)
     pair = trace_profiles(tiny_llama(), TraceSettings.from_spec(RunSpec(model="x")), 2, 300)
     assert pair.exact_shape == (2, 300) and pair.covers(2, 300) and not pair.covers(2, 301)
+
+
+def test_fitted_flops_equal_a_direct_count(monkeypatch) -> None:
+    monkeypatch.setenv("TUNECAST_NO_CACHE", "1")
+    config = tiny_llama(num_hidden_layers=8)
+    settings = TraceSettings.from_spec(RunSpec(model="x", method="lora"))
+    pair = trace_profiles(config, settings, 3, 700)
+    direct = trace_step(config, settings, 3, 700).flops
+    fitted = pair.deeper.flops_at(3, 700)
+    for kind in ("matmul", "attention", "elementwise_bytes"):
+        assert fitted[kind] == pytest.approx(direct[kind], abs=2)

@@ -1,0 +1,191 @@
+"""`tunecast plan` (which GPU, how long, what the whole run costs) and `tunecast breakeven` (rent or buy)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from tunecast.cli.app import state
+from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.errors import TunecastError
+from tunecast.units import format_usd
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+@spec_command
+def plan_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    optimize: Annotated[str, typer.Option("--optimize", help="Rank by total `cost` (default) or by `time`.")]
+    = "cost",
+    budget: Annotated[float | None, typer.Option("--budget", metavar="USD", help="Only runs costing at most this.")]
+    = None,
+    deadline: Annotated[float | None, typer.Option("--deadline", metavar="HOURS", help="Only runs done within this.")]
+    = None,
+    preemptions: Annotated[float | None, typer.Option(
+        "--preemptions-per-hour", help="Spot preemption rate to assume for every offer.")] = None,
+    top: Annotated[int, typer.Option("--top", help="Options shown in the table (the JSON has all).")] = 15,
+    json_output: JsonFlag = False,
+    *,
+    spec_args: SpecArgs,
+) -> None:
+    """Every GPU and count: the fastest configuration that fits, tokens/s, hours, and the whole run's cost per
+    offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
+    from tunecast.catalog.store import today
+    from tunecast.plan.report import PlanRequest, make_plan
+
+    loaded = load_from_cli(ctx, config, spec_args)
+    request = PlanRequest(optimize, budget, deadline, preemptions)
+    with err.status("Planning…") as status:
+        document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
+                             progress=lambda gpu: status.update(f"Planning… {gpu}"))
+    if json_output:
+        print_json(document)
+        return
+    _render_plan(document, top)
+    print_problems(list(loaded.warnings))
+
+
+def _render_plan(document: dict[str, Any], top: int) -> None:
+    data = document["dataset"]
+    spec = document["spec"]
+    out.print(f"[bold]{escape(document['model']['name'])}[/] · {spec['method']} · {spec['precision']} · "
+              f"{data['processed_tokens']:,} tokens processed ({data['trained_tokens']:,} trained) over "
+              f"{data['epochs']:g} epoch(s) · global batch {document['global_batch']} × {spec['seq_len']}")
+    out.print(f"[dim]dataset: {escape(data['tokenizer'])}[/]")
+    options = document["options"]
+    priced = [o for o in options if o["total_usd"] is not None]
+    table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {'total cost' if document['optimize'] == 'cost' else 'hours'}"
+                  f" ({len(priced)} priced; ★ = Pareto front of cost and time)", title_justify="left")
+    for heading, justify in (("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"),
+                             ("$/h", "right"), ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"),
+                             ("tok/s", "right"), ("hours", "right"), ("total", "right")):
+        table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for option in priced[:top]:
+        table.add_row("★" if option["pareto"] else "", f"{option['gpu_count']}×{option['gpu']}",
+                      escape(option["provider"]), "spot" if option["spot"] else "",
+                      format_usd(option["usd_per_hour_total"]), f"{option['micro_batch']}×{option['grad_accum']}",
+                      "yes" if option["grad_checkpointing"] else "", f"{option['device_total_gib']:.1f}",
+                      f"{option['tokens_per_second']:,.0f}", f"{option['hours']:.1f}",
+                      f"${option['total_usd']:,.2f}")
+    out.print(table)
+    unfit = {(o["gpu"], o["gpu_count"]): o["notes"][0] for o in options if not o["fits"]}
+    if unfit:
+        out.print(f"[dim]Does not fit ({len(unfit)}): " + "; ".join(
+            f"{count}×{gpu}" for (gpu, count) in list(unfit)[:12]) + (" …" if len(unfit) > 12 else "") + "[/]")
+    for line in document["recommendations"]:
+        out.print(f"• {escape(line)}")
+    if document["filtered_out"]:
+        out.print(f"[dim]{document['filtered_out']} option(s) over the budget or the deadline left out.[/]")
+
+
+def breakeven_command(
+    ctx: typer.Context,
+    gpu: Annotated[str | None, typer.Option("--gpu", help="The card you would buy (its catalog price and power).")]
+    = None,
+    purchase_usd: Annotated[float | None, typer.Option("--purchase-usd", help="Purchase price.")] = None,
+    rent_usd_per_hour: Annotated[float | None, typer.Option("--rent-usd-per-hour", help="Rental price per hour.")]
+    = None,
+    rent_gpu: Annotated[str | None, typer.Option("--rent-gpu", help="Rent this card instead: its cheapest "
+                                                 "on-demand offer.")] = None,
+    hours_per_month: Annotated[float, typer.Option("--hours-per-month", help="Hours of use per month.")] = 200.0,
+    power_w: Annotated[float | None, typer.Option("--power-w", help="Power draw while training (watts).")] = None,
+    usd_per_kwh: Annotated[float | None, typer.Option("--usd-per-kwh", help="Electricity price.")] = None,
+    resale_usd: Annotated[float, typer.Option("--resale-usd", help="What the card sells for later.")] = 0.0,
+    run: Annotated[Path | None, typer.Option("--run", metavar="CONFIG", help="Compare in units of this run's work "
+                                             "(the planner's hours on each card).")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Rent versus buy: break-even hours and months; with --run, in runs of a workload."""
+    from tunecast.plan.breakeven import break_even
+
+    catalog = state(ctx).catalog()
+    owned = catalog.gpus.get(gpu, field="--gpu") if gpu else None
+    if purchase_usd is None:
+        if owned is None or owned.purchase_usd is None:
+            raise TunecastError("no purchase price", field="--purchase-usd",
+                                hint="give --purchase-usd, or --gpu a card whose catalog row has a price")
+        purchase_usd = owned.purchase_usd
+    if power_w is None and usd_per_kwh is not None and owned is not None:
+        power_w = owned.tdp_w
+    rented = catalog.gpus.get(rent_gpu, field="--rent-gpu") if rent_gpu else owned
+    if rent_usd_per_hour is None:
+        offers = [o for o in catalog.offers if rented is not None and o.gpu == rented.slug and o.gpu_count == 1]
+        if not offers:
+            raise TunecastError("no rental price", field="--rent-usd-per-hour",
+                                hint="give --rent-usd-per-hour, or --rent-gpu / --gpu a card with a 1-GPU offer")
+        rent_usd_per_hour = min(o.usd_per_hour for o in offers)
+    result = break_even(purchase_usd=purchase_usd, rent_usd_per_hour=rent_usd_per_hour,
+                        hours_per_month=hours_per_month, power_w=power_w, usd_per_kwh=usd_per_kwh,
+                        resale_usd=resale_usd)
+    document: dict[str, Any] = result.as_dict()
+    if run is not None:
+        document["work"] = _work_breakeven(ctx, run, owned, rented, purchase_usd, resale_usd,
+                                           result.power_usd_per_hour, hours_per_month)
+    if json_output:
+        print_json(document)
+        return
+    power = f" and {format_usd(result.power_usd_per_hour)}/h of power" if result.power_usd_per_hour else ""
+    out.print(f"Buying at {format_usd(purchase_usd)} (resale {format_usd(resale_usd)}) against renting at "
+              f"{format_usd(rent_usd_per_hour)}/h{power}:")
+    if result.breakeven_hours is None:
+        out.print("  renting stays cheaper: the power costs as much as the rent")
+    else:
+        out.print(f"  break-even after {result.breakeven_hours:,.0f} hours of use = "
+                  f"{result.breakeven_months:.1f} months at {hours_per_month:g} h/month")
+    if run is not None:
+        work = document["work"]
+        out.print(f"  per run: {work['owned_hours_per_run']:.2f} h on the owned card, "
+                  f"{work['rented_hours_per_run']:.2f} h and ${work['rented_usd_per_run']:,.2f} rented")
+        if work["breakeven_runs"] is not None:
+            out.print(f"  break-even after {work['breakeven_runs']:.1f} runs = {work['breakeven_months']:.1f} months")
+
+
+def _work_breakeven(ctx: typer.Context, run: Path, owned: Any, rented: Any, purchase_usd: float, resale_usd: float,
+                    power_usd_per_hour: float, hours_per_month: float) -> dict[str, Any]:
+    from tunecast.catalog.store import today
+    from tunecast.config.load import Override
+    from tunecast.plan.breakeven import work_break_even
+    from tunecast.plan.report import PlanRequest, make_plan
+
+    if owned is None or rented is None:
+        raise TunecastError("--run needs --gpu (the card to buy) and --rent-gpu or --gpu", field="--run",
+                            hint="for example --gpu rtx-4090 --rent-gpu h100-sxm --run run.yaml")
+    catalog = state(ctx).catalog()
+
+    def best(slug: str) -> dict[str, Any]:
+        loaded = load_from_cli(ctx, run, _args([Override("gpus.gpu", slug, "--gpu"),
+                                                Override("gpus.count", 1, "--gpus")]))
+        plan = make_plan(loaded, catalog, PlanRequest(), today=today())
+        fitting = [o for o in plan["options"] if o["fits"]]
+        if not fitting:
+            raise TunecastError(f"the run does not fit one {slug}", field="--run",
+                                hint=plan["options"][0]["notes"][0] if plan["options"] else "see tunecast plan")
+        priced = [o for o in fitting if o["total_usd"] is not None and not o["spot"]]
+        return min(priced, key=lambda o: o["total_usd"]) if priced else fitting[0]
+
+    mine, theirs = best(owned.slug), best(rented.slug)
+    if theirs["total_usd"] is None:
+        raise TunecastError(f"no on-demand offer prices {rented.slug}", field="--rent-gpu",
+                            hint="choose a card with offers (tunecast offers)")
+    return work_break_even(purchase_usd=purchase_usd, resale_usd=resale_usd, owned_hours_per_run=mine["hours"],
+                           rented_hours_per_run=theirs["hours"], rented_usd_per_run=theirs["total_usd"],
+                           power_usd_per_hour=power_usd_per_hour, hours_per_month=hours_per_month).as_dict()
+
+
+def _args(overrides: list[Any]) -> SpecArgs:
+    return SpecArgs(overrides, allow_download=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)
+    app.command("breakeven")(breakeven_command)

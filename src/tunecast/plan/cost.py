@@ -1,0 +1,127 @@
+"""What a run costs on one offer: compute as the offer bills it, storage for the run's duration, and on spot
+capacity the expected cost of preemptions with the checkpoint interval that minimises it.
+
+* Billing: the run's seconds (plus boot when the offer bills it) rounded up to the billing increment, at least
+  the minimum charge. An offer's price is per GPU-hour; N GPUs cost N × that price. An offer for a node of
+  G > 1 GPUs is rented whole: N GPUs cost ⌈N / G⌉ × G GPUs, and no more than G GPUs run on one node.
+* Storage: the dataset and the kept checkpoints on the offer's persistent volume for the run's duration.
+* Spot: preemptions arrive at rate λ (the offer's published rate, else the catalog's default). Each loses
+  the work since the last checkpoint (half an interval on average) and a restart (boot, loading the weights
+  and the checkpoint). Checkpointing every τ hours costs C (one write) each time. The expected cost is
+  minimised near τ = √(2·C/λ) (Young, 1974; Daly, 2006), which is the interval used unless the run fixes one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+from tunecast.catalog.offers import Offer
+from tunecast.units import HOURS_PER_MONTH, SECONDS_PER_HOUR
+
+ON_DEMAND_CHECKPOINT_HOURS = 0.5  # automatic interval on on-demand capacity
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the run needs, independent of who rents the GPUs."""
+
+    gpu_count: int
+    train_hours: float  # computing, all GPUs together
+    startup_hours: float  # loading weights (boot is the offer's)
+    checkpoint_write_hours: float  # one checkpoint write
+    restart_hours: float  # after a preemption: boot, weights, checkpoint
+    boot_hours: float
+    storage_gb: float
+    fixed_interval_hours: float | None  # the run's own checkpoint interval, when it sets one
+
+
+def young_daly_interval(checkpoint_hours: float, interruptions_per_hour: float) -> float:
+    """√(2 C / λ): the checkpoint interval that minimises expected lost work plus checkpoint cost."""
+    return math.sqrt(2 * checkpoint_hours / interruptions_per_hour)
+
+
+def billed_hours(hours: float, offer: Offer) -> float:
+    seconds = hours * SECONDS_PER_HOUR
+    increments = math.ceil(seconds / offer.billing_increment_s - 1e-9)
+    return max(increments * offer.billing_increment_s, offer.minimum_charge_s) / SECONDS_PER_HOUR
+
+
+def billed_gpus(gpu_count: int, offer: Offer) -> int | None:
+    """GPUs paid for; None when the offer's node is smaller than the run (no multi-node runs here)."""
+    if offer.gpu_count == 1:
+        return gpu_count
+    if gpu_count > offer.gpu_count:
+        return None
+    return offer.gpu_count
+
+
+@dataclass(frozen=True)
+class OfferCost:
+    provider: str
+    spot: bool
+    usd_per_hour_total: float
+    hours: float  # wall-clock hours of the run on this offer (preemptions included on spot)
+    compute_usd: float
+    storage_usd: float
+    preemption_usd: float
+    checkpoint_interval_hours: float
+    expected_preemptions: float
+    notes: tuple[str, ...]
+
+    @property
+    def total_usd(self) -> float:
+        return self.compute_usd + self.storage_usd + self.preemption_usd
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"provider": self.provider, "spot": self.spot, "usd_per_hour_total": round(self.usd_per_hour_total, 4),
+                "hours": round(self.hours, 3), "compute_usd": round(self.compute_usd, 2),
+                "storage_usd": round(self.storage_usd, 2), "preemption_usd": round(self.preemption_usd, 2),
+                "total_usd": round(self.total_usd, 2),
+                "checkpoint_interval_hours": round(self.checkpoint_interval_hours, 3),
+                "expected_preemptions": round(self.expected_preemptions, 2)}
+
+
+def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruptions_per_hour: float,
+              today: date, interruptions_override: float | None = None) -> OfferCost | None:
+    """The whole run on `offer` (on-demand, or spot when `spot`); None when the offer cannot host it."""
+    gpus = billed_gpus(shape.gpu_count, offer)
+    price = offer.spot_usd_per_hour if spot else offer.usd_per_hour
+    if gpus is None or price is None:
+        return None
+    rate = gpus * price
+    notes: list[str] = []
+    if offer.gpu_count > 1 and gpus > shape.gpu_count:
+        notes.append(f"the offer rents whole nodes of {offer.gpu_count} GPUs")
+    if offer.is_stale(today):
+        notes.append(f"price from {offer.as_of.isoformat()}, older than 90 days")
+    base_hours = shape.startup_hours + shape.train_hours
+    preemption_hours = 0.0
+    expected = 0.0
+    if spot:
+        published = offer.spot_interruptions_per_hour
+        lam = interruptions_override or published or default_interruptions_per_hour
+        if interruptions_override is None and published is None:
+            notes.append(f"no published preemption rate: {lam:g} per hour assumed")
+        interval = shape.fixed_interval_hours or young_daly_interval(shape.checkpoint_write_hours, lam)
+        writes = shape.train_hours / interval * shape.checkpoint_write_hours
+        # Expected preemptions over the run, each losing half an interval of work and a restart.
+        expected = lam * (base_hours + writes)
+        preemption_hours = expected * (interval / 2 + shape.restart_hours)
+    else:
+        interval = shape.fixed_interval_hours or ON_DEMAND_CHECKPOINT_HOURS
+        writes = shape.train_hours / interval * shape.checkpoint_write_hours
+    run_hours = base_hours + writes
+    boot = shape.boot_hours if offer.boot_billed else 0.0
+    compute_usd = billed_hours(run_hours + boot, offer) * rate
+    preemption_usd = preemption_hours * rate
+    wall_hours = run_hours + shape.boot_hours + preemption_hours
+    storage_usd = 0.0
+    if offer.volume_usd_per_gb_month is not None:
+        storage_usd = shape.storage_gb * offer.volume_usd_per_gb_month * wall_hours / HOURS_PER_MONTH
+    else:
+        notes.append("no volume price listed: storage not counted")
+    return OfferCost(offer.provider, spot, rate, wall_hours, compute_usd, storage_usd, preemption_usd, interval,
+                     expected, tuple(notes))

@@ -1,0 +1,294 @@
+"""The plan: for every GPU and GPU count, the fastest configuration that fits, how long the run takes, and
+what it costs on every offer — ranked by the cost of the whole run.
+
+What the user fixed (in the file or on the command line) is honoured; what is left open the planner chooses:
+the micro-batch (the largest that fits among those that divide the global batch), gradient accumulation (to
+keep the global batch), and checkpointing (only when nothing fits without it). Method, optimizer, loss,
+offload and strategy change only when `plan.allow` lists the change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+from tunecast.estimate.profiles import get_profiles
+from tunecast.estimate.settings import TraceSettings
+from tunecast.plan.cost import OfferCost, RunShape, price_run
+from tunecast.plan.throughput import StepTime, step_time
+from tunecast.plan.workload import Workload, optimizer_steps
+from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
+
+GPU_COUNTS = (1, 2, 4, 8)
+MIB = 2**20
+SMALL_MICRO_BATCH = 2
+# Changes `plan.allow` may permit, in the order tried: least effect on speed and on the result first.
+ALLOWED_CHANGES: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("fsdp", {"gpus.strategy": "fsdp"}),
+    ("adamw-8bit", {"optimizer": "adamw-8bit"}),
+    ("chunked_loss", {"loss": "chunked"}),
+    ("optimizer_in_backward", {"optimizer_in_backward": True, "grad_accum": 1}),
+    ("paged-adamw-8bit", {"optimizer": "paged-adamw-8bit"}),
+    ("paged-adamw", {"optimizer": "paged-adamw"}),
+    ("lora", {"method": "lora"}),
+    ("qlora", {"method": "qlora"}),
+    ("activation_offload", {"activation_offload": True}),
+    ("offload", {"gpus.offload": "optimizer"}),
+)
+
+
+@dataclass
+class Configuration:
+    """A way to run on one GPU model and count: what the planner chose, and what it gives."""
+
+    gpu: Gpu
+    gpu_count: int
+    spec: RunSpec  # with the planner's choices applied
+    micro_batch: int
+    grad_accum: int
+    grad_checkpointing: bool
+    memory: MemoryEstimate
+    step: StepTime
+    tokens_per_second: float  # real (non-padding) tokens per second, all GPUs
+    hours: float  # training only
+    changes: tuple[str, ...]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Option:
+    configuration: Configuration | None
+    gpu: str
+    gpu_count: int
+    cost: OfferCost | None
+    reason: str | None = None  # why it does not fit (configuration None)
+    pareto: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.configuration is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.configuration
+        document: dict[str, Any] = {
+            "gpu": self.gpu, "gpu_count": self.gpu_count,
+            "provider": self.cost.provider if self.cost else None, "spot": self.cost.spot if self.cost else False,
+            "usd_per_hour_total": round(self.cost.usd_per_hour_total, 4) if self.cost else None,
+            "fits": self.fits,
+            "micro_batch": c.micro_batch if c else None, "grad_accum": c.grad_accum if c else None,
+            "grad_checkpointing": c.grad_checkpointing if c else None,
+            "strategy": c.spec.gpus.strategy if c else None,
+            "changes": list(c.changes) if c else [],
+            "peak_reserved_gib": round(c.memory.peak_reserved_gib, 2) if c else None,
+            "device_total_gib": round(c.memory.device_total_gib, 2) if c else None,
+            "tokens_per_second": round(c.tokens_per_second, 1) if c else None,
+            "tokens_per_second_per_gpu": round(c.tokens_per_second / self.gpu_count, 1) if c else None,
+            "hours": round(self.cost.hours, 3) if self.cost else (round(c.hours, 3) if c else None),
+            "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
+            "pareto": self.pareto,
+            "notes": ([self.reason] if self.reason else []) + (list(c.notes) if c else [])
+                     + (list(self.cost.notes) if self.cost else []),
+        }
+        if self.cost:
+            cost = self.cost.as_dict()
+            for key in ("compute_usd", "storage_usd", "preemption_usd", "total_usd", "checkpoint_interval_hours",
+                        "expected_preemptions"):
+                document[key] = cost[key]
+        return document
+
+
+def _apply(spec: RunSpec, changes: dict[str, Any]) -> RunSpec:
+    data = spec.model_dump()
+    for key, value in changes.items():
+        section, _, leaf = key.partition(".")
+        if leaf:
+            data[section][leaf] = value
+        else:
+            data[key] = value
+    return RunSpec.model_validate(data)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+@dataclass
+class Planner:
+    loaded: LoadedSpec
+    catalog: Catalog
+    workload: Workload
+    _memory: dict[tuple[Any, ...], MemoryEstimate] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> RunSpec:
+        return self.loaded.spec
+
+    def global_batch(self) -> int:
+        spec = self.spec
+        return spec.global_batch or spec.micro_batch * spec.grad_accum * spec.gpus.count
+
+    def _estimate(self, spec: RunSpec, gpu: Gpu, micro_batch: int, checkpointing: bool) -> MemoryEstimate:
+        # Memory depends on the GPU only through its architecture's cuBLAS workspace.
+        key = (spec.model_dump_json(), gpu.architecture, micro_batch, checkpointing)
+        if key not in self._memory:
+            self._memory[key] = estimate_memory(spec, self.loaded.model.data, device="cuda", gpu=gpu,
+                                                overheads=self.catalog.overheads, grad_checkpointing=checkpointing,
+                                                micro_batch=micro_batch)
+        return self._memory[key]
+
+    def configure(self, gpu: Gpu, count: int) -> Configuration | str:
+        """The fastest configuration of `count` × `gpu` that fits, or why none does."""
+        spec = self.spec
+        batch = self.global_batch()
+        if batch % count:
+            return f"the global batch of {batch} sequences does not divide over {count} GPUs"
+        per_gpu = batch // count
+        micro_batches = [spec.micro_batch] if spec.fixed("micro_batch") else _divisors(per_gpu)
+        if spec.fixed("micro_batch") and per_gpu % spec.micro_batch:
+            return f"micro_batch {spec.micro_batch} does not divide the {per_gpu} sequences per GPU per step"
+        if spec.grad_checkpointing == "auto" or not spec.fixed("grad_checkpointing"):
+            checkpointing_options = [False, True]
+        else:
+            checkpointing_options = [bool(spec.grad_checkpointing)]
+        base = _apply(spec, {"gpus.count": count, "gpus.gpu": gpu.slug})
+        allowed = [(name, change) for name, change in ALLOWED_CHANGES if name in spec.plan.allow
+                   and _applicable(name, base, count)]
+        capacity = gpu.usable_memory_gib
+        applied: dict[str, Any] = {}
+        names: list[str] = []
+        smallest: MemoryEstimate | None = None
+        for step in [None, *allowed]:
+            if step is not None:
+                applied.update(step[1])
+                names.append(step[0])
+            candidate = _apply(base, applied) if applied else base
+            for checkpointing in checkpointing_options:
+                for micro_batch in micro_batches:
+                    memory = self._estimate(candidate, gpu, micro_batch, checkpointing)
+                    if smallest is None or memory.device_total_gib < smallest.device_total_gib:
+                        smallest = memory
+                    if memory.device_total_gib <= capacity:
+                        return self._configuration(gpu, count, candidate, micro_batch, per_gpu // micro_batch,
+                                                   checkpointing, memory, tuple(names))
+        assert smallest is not None
+        over = smallest.device_total_gib - capacity
+        tried = f" (tried: {', '.join(names)})" if names else ""
+        return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "
+                f"{capacity:.1f} GiB usable{tried}")
+
+    def _configuration(self, gpu: Gpu, count: int, spec: RunSpec, micro_batch: int, grad_accum: int,
+                       checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...]) -> Configuration:
+        settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
+        pair = get_profiles(self.loaded.model.data, settings, micro_batch, spec.seq_len)
+        sequence = max(1, round(self.workload.tokens_per_sequence(micro_batch)))
+        offloaded = memory.host_ram_gib * BYTES_PER_GIB if spec.activation_offload else 0.0
+        step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
+                         grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
+                         offloaded_activation_bytes=offloaded)
+        real = self.workload.real_fraction(micro_batch)
+        tokens_per_second = count * step.tokens_per_step * real / step.total_s
+        steps = optimizer_steps(self.workload, self.global_batch(), spec.max_steps)
+        hours = steps * step.total_s / SECONDS_PER_HOUR
+        notes = []
+        if micro_batch <= SMALL_MICRO_BATCH and self.global_batch() // count > SMALL_MICRO_BATCH:
+            notes.append(f"only a micro-batch of {micro_batch} fits: slower steps, noisier statistics")
+        if checkpointing and not self.spec.fixed("grad_checkpointing"):
+            notes.append("gradient checkpointing needed to fit")
+        return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,
+                             tokens_per_second, hours, changes, notes)
+
+    def run_shape(self, config: Configuration) -> RunShape:
+        constants = self.catalog.throughput
+        spec = config.spec
+        sharded = spec.gpus.strategy != "ddp"
+        memory = config.memory.breakdown_gib
+        state_gib = (memory["trainable_weights"] + memory["optimizer"]) * (config.gpu_count if sharded else 1)
+        checkpoint_bytes = state_gib * BYTES_PER_GIB + config.memory.managed_gib * BYTES_PER_GIB
+        write_hours = checkpoint_bytes / (constants.get("checkpoint_write_mib_per_s") * MIB) / SECONDS_PER_HOUR
+        params = self.loaded.model.params or 0
+        weights_bytes = params * 2
+        load_hours = weights_bytes / (constants.get("weights_read_mib_per_s") * MIB) / SECONDS_PER_HOUR
+        boot_hours = constants.get("boot_minutes") / 60
+        storage_gb = (self.workload.dataset_bytes + checkpoint_bytes * (spec.checkpoint.keep + 1)) / 1e9
+        interval = None
+        if spec.checkpoint.every_minutes:
+            interval = spec.checkpoint.every_minutes / 60
+        elif spec.checkpoint.every_steps:
+            interval = spec.checkpoint.every_steps * config.step.total_s / SECONDS_PER_HOUR
+        return RunShape(config.gpu_count, config.hours, load_hours, write_hours,
+                        boot_hours + load_hours + write_hours, boot_hours, storage_gb, interval)
+
+    def options(self, gpus: list[Gpu], *, interruptions_override: float | None = None, today: date,
+                progress: Callable[[str], None] | None = None) -> Iterator[Option]:
+        spec = self.spec
+        counts = [spec.gpus.count] if spec.fixed("gpus.count") else list(GPU_COUNTS)
+        offers = [o for o in self.catalog.offers if not spec.pricing.providers or o.provider in spec.pricing.providers]
+        default_rate = self.catalog.throughput.get("spot_interruptions_per_hour")
+        for gpu in gpus:
+            if progress is not None:
+                progress(gpu.slug)
+            for count in counts:
+                configured = self.configure(gpu, count)
+                if isinstance(configured, str):
+                    yield Option(None, gpu.slug, count, None, configured)
+                    continue
+                shape = self.run_shape(configured)
+                priced = False
+                for offer in (o for o in offers if o.gpu == gpu.slug):
+                    for spot in ((False, True) if spec.pricing.spot else (False,)):
+                        cost = price_run(shape, offer, spot=spot, default_interruptions_per_hour=default_rate,
+                                         today=today, interruptions_override=interruptions_override)
+                        if cost is not None:
+                            priced = True
+                            yield Option(configured, gpu.slug, count, cost)
+                if not priced:
+                    yield Option(configured, gpu.slug, count, None, None)
+
+
+def _applicable(name: str, spec: RunSpec, count: int) -> bool:
+    if name == "fsdp":
+        return count > 1 and spec.gpus.strategy == "ddp"
+    if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        return spec.optimizer == "adamw"
+    if name == "lora":
+        return spec.method == "full"
+    if name == "qlora":
+        return spec.method in ("lora", "full")
+    if name == "offload":
+        return spec.gpus.strategy != "ddp" or "fsdp" in spec.plan.allow
+    if name == "optimizer_in_backward":
+        return not spec.optimizer_in_backward
+    return True
+
+
+def mark_pareto(options: list[Option]) -> None:
+    """Mark the priced options no other beats on both total cost and hours."""
+    priced = [o for o in options if o.cost is not None]
+    priced.sort(key=lambda o: (o.cost.total_usd, o.cost.hours))  # type: ignore[union-attr]
+    best_hours = float("inf")
+    for option in priced:
+        assert option.cost is not None
+        if option.cost.hours < best_hours:
+            option.pareto = True
+            best_hours = option.cost.hours
+
+
+def rank(options: list[Option], *, optimize: str) -> list[Option]:
+    """Priced options best first (total cost, or hours), then unpriced ones that fit, then those that do not."""
+    def key(option: Option) -> tuple[int, float, float]:
+        if option.cost is not None:
+            primary = option.cost.total_usd if optimize == "cost" else option.cost.hours
+            secondary = option.cost.hours if optimize == "cost" else option.cost.total_usd
+            return (0, primary, secondary)
+        if option.configuration is not None:
+            return (1, option.configuration.hours, 0.0)
+        return (2, 0.0, 0.0)
+
+    return sorted(options, key=key)

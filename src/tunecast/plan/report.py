@@ -1,0 +1,135 @@
+"""The whole plan for a run: workload, options ranked, the Pareto front, and recommendations in words."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from tunecast.atomic import write_text_atomic
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.errors import TunecastError
+from tunecast.paths import cache_dir
+from tunecast.plan.planner import Option, Planner, mark_pareto, rank
+from tunecast.plan.workload import workload_for
+from tunecast.version import SCHEMA_VERSION, __version__
+
+PLAN_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    optimize: str = "cost"  # or "time"
+    budget_usd: float | None = None
+    deadline_hours: float | None = None
+    interruptions_per_hour: float | None = None
+
+
+def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, today: date) -> str:
+    path = loaded.spec.dataset.path
+    stamp = None
+    if path and Path(path).exists():
+        stat = Path(path).stat()
+        stamp = [stat.st_size, stat.st_mtime_ns]
+    catalog_rows = [o.document() for o in catalog.offers] + [g.document() for g in catalog.gpus]
+    payload = json.dumps({"spec": loaded.spec.model_dump(mode="json"), "model": loaded.model.data,
+                          "request": request.__dict__, "dataset": stamp, "catalog": catalog_rows,
+                          "today": today.isoformat(), "version": __version__, "format": PLAN_FORMAT},
+                         sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
+              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The plan document (`tunecast plan --json`), from the cache when nothing it depends on changed."""
+    if request.optimize not in ("cost", "time"):
+        raise TunecastError(f"--optimize {request.optimize!r} is not cost or time", field="--optimize",
+                            hint="use --optimize cost (the default) or --optimize time")
+    path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json"
+    if path.is_file() and os.environ.get("TUNECAST_NO_CACHE") != "1":
+        return json.loads(path.read_text())
+    document = _compute(loaded, catalog, request, today=today, progress=progress)
+    if os.environ.get("TUNECAST_NO_CACHE") != "1":
+        write_text_atomic(path, json.dumps(document))
+    return document
+
+
+def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
+             progress: Callable[[str], None] | None) -> dict[str, Any]:
+    workload = workload_for(loaded, catalog)
+    planner = Planner(loaded, catalog, workload)
+    gpus = [loaded.gpu] if loaded.gpu is not None else sorted(catalog.gpus, key=lambda g: g.slug)
+    options = list(planner.options(gpus, interruptions_override=request.interruptions_per_hour, today=today,
+                                   progress=progress))
+    filtered = 0
+    kept: list[Option] = []
+    for option in options:
+        cost = option.cost
+        if cost is not None and ((request.budget_usd is not None and cost.total_usd > request.budget_usd)
+                                 or (request.deadline_hours is not None and cost.hours > request.deadline_hours)):
+            filtered += 1
+            continue
+        kept.append(option)
+    mark_pareto(kept)
+    ranked = rank(kept, optimize=request.optimize)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "spec": loaded.spec.model_dump(mode="json"),
+        "model": {"name": loaded.model.name, "params": loaded.model.params},
+        "dataset": workload.as_dict(),
+        "global_batch": planner.global_batch(),
+        "optimize": request.optimize,
+        "filtered_out": filtered,
+        "recommendations": recommendations(ranked, request),
+        "options": [option.as_dict() for option in ranked],
+    }
+
+
+def recommendations(ranked: list[Option], request: PlanRequest) -> list[str]:
+    """Plain-word advice: the cheapest and fastest runs, spot against on-demand, small micro-batches."""
+    priced = [o for o in ranked if o.cost is not None]
+    if not priced:
+        fitting = [o for o in ranked if o.fits]
+        if fitting:
+            return ["No offer in the catalog prices the GPUs this run fits on; add your own prices with a "
+                    "catalog directory (--catalog DIR, offers.csv)."]
+        return ["Nothing fits: see each option's reason; allow memory-saving changes with plan.allow "
+                "(for example --set plan.allow=qlora,adamw-8bit,fsdp)."]
+    advice = []
+    cheapest = min(priced, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
+    fastest = min(priced, key=lambda o: o.cost.hours)  # type: ignore[union-attr]
+    advice.append("Cheapest: " + _describe(cheapest) + ".")
+    if fastest is not cheapest:
+        extra = fastest.cost.total_usd - cheapest.cost.total_usd  # type: ignore[union-attr]
+        saved = cheapest.cost.hours - fastest.cost.hours  # type: ignore[union-attr]
+        advice.append(f"Fastest: {_describe(fastest)} — {saved:.1f} h sooner for ${extra:,.2f} more.")
+    if cheapest.cost is not None and cheapest.cost.spot:
+        advice.append(f"The cheapest run is on spot capacity: it expects {cheapest.cost.expected_preemptions:.1f} "
+                      f"preemptions and checkpoints every {cheapest.cost.checkpoint_interval_hours * 60:.0f} min; "
+                      "it resumes from the last checkpoint after each.")
+    configuration = cheapest.configuration
+    if configuration is not None and configuration.micro_batch <= 2:
+        larger = [o for o in priced if o.configuration is not None and o.configuration.micro_batch > 2
+                  and o.cost is not None and o.cost.total_usd <= cheapest.cost.total_usd * 1.25]  # type: ignore[union-attr]
+        if larger:
+            best = min(larger, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
+            advice.append(f"The cheapest run fits only a micro-batch of {configuration.micro_batch}; "
+                          f"{_describe(best)} runs micro-batch {best.configuration.micro_batch} "  # type: ignore[union-attr]
+                          "for at most 25% more, with steadier steps.")
+        else:
+            advice.append(f"The cheapest run fits only a micro-batch of {configuration.micro_batch}: steps are slower "
+                          "and noisier; a card with more memory may be worth its price.")
+    return advice
+
+
+def _describe(option: Option) -> str:
+    assert option.cost is not None
+    capacity = "spot" if option.cost.spot else "on-demand"
+    return (f"{option.gpu_count} × {option.gpu} on {option.cost.provider} ({capacity}), "
+            f"${option.cost.total_usd:,.2f} in {option.cost.hours:.1f} h")

@@ -1,0 +1,114 @@
+"""How many tokens a run processes: from the dataset file (measured with the data module's own counting), or
+from its declared size, times the epochs (or the steps)."""
+
+from __future__ import annotations
+
+import random
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.errors import TunecastError
+
+# Text of a declared dataset, for its storage: about 4 characters (bytes, for English) per token, as the
+# generic tokenizer ratio of catalog/data/token_ratios.csv.
+DECLARED_BYTES_PER_TOKEN = 4.0
+
+
+@dataclass
+class Workload:
+    """The dataset as the planner sees it: one epoch's tokens and how sequences are formed."""
+
+    examples: int
+    processed_tokens: int  # one epoch, after truncation, padding excluded
+    trained_tokens: int
+    epochs: float
+    seq_len: int
+    packed: bool
+    measured: bool  # True when counted from the file, False for a declared size
+    tokenizer: str
+    dataset_bytes: int
+    lengths: array[int] | None = None  # truncated tokens per example, when measured
+    packing_efficiency: float = 1.0
+    seed: int = 42
+
+    @property
+    def total_processed_tokens(self) -> float:
+        return self.processed_tokens * self.epochs
+
+    @property
+    def total_trained_tokens(self) -> float:
+        return self.trained_tokens * self.epochs
+
+    def sequences(self) -> float:
+        """Sequences fed per epoch: packed sequences, or one per example."""
+        if self.packed:
+            return self.processed_tokens / (self.seq_len * self.packing_efficiency)
+        return float(self.examples)
+
+    def tokens_per_sequence(self, micro_batch: int) -> float:
+        """Tokens computed per sequence, padding included: seq_len when packed; else the mean length a
+        micro-batch of shuffled examples is padded to."""
+        if self.packed:
+            return float(self.seq_len)
+        if self.lengths is None:
+            return self.processed_tokens / self.examples  # declared: no length distribution, no padding
+        order = list(range(len(self.lengths)))
+        random.Random(self.seed).shuffle(order)
+        padded = 0
+        for start in range(0, len(order), micro_batch):
+            batch = order[start:start + micro_batch]
+            padded += len(batch) * max(self.lengths[i] for i in batch)
+        return padded / len(order)
+
+    def real_fraction(self, micro_batch: int) -> float:
+        """Share of computed tokens that are real (not padding)."""
+        computed = self.tokens_per_sequence(micro_batch) * self.sequences()
+        return self.processed_tokens / computed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"examples": self.examples, "processed_tokens": round(self.total_processed_tokens),
+                "trained_tokens": round(self.total_trained_tokens), "tokens_per_epoch": self.processed_tokens,
+                "epochs": self.epochs, "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
+                "tokenizer": self.tokenizer}
+
+
+def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
+    """The run's workload; a plan with neither a dataset file nor a declared size is an error."""
+    spec = loaded.spec
+    data = spec.dataset
+    epochs = spec.epochs
+    if data.path is not None:
+        from tunecast.data.counters import choose_counter
+        from tunecast.data.stats import measure
+
+        counter = choose_counter(model=spec.model if data.tokenizer is None else None, tokenizer=data.tokenizer,
+                                 catalog=catalog, base_dir=Path.cwd())
+        stats = measure(data.path, counter, seq_len=spec.seq_len, micro_batch=1, layout=data.format,
+                        train_on=data.train_on, skip_invalid=data.skip_invalid, seed=spec.seed)
+        size = Path(data.path).stat().st_size if Path(data.path).is_file() else 0
+        workload = Workload(stats.examples, stats.total_tokens, stats.trained_tokens, epochs, spec.seq_len,
+                            spec.packing, True, stats.tokenizer, size, stats.kept_lengths,
+                            stats.packing_efficiency, spec.seed)
+    elif data.examples is not None and data.mean_tokens is not None:
+        per_example = min(data.mean_tokens, spec.seq_len)
+        trained = min(data.mean_trained_tokens or data.mean_tokens, per_example)
+        processed = round(data.examples * per_example)
+        workload = Workload(data.examples, processed, round(data.examples * trained), epochs, spec.seq_len,
+                            spec.packing, False, "declared size (dataset.examples × dataset.mean_tokens)",
+                            round(processed * DECLARED_BYTES_PER_TOKEN))
+    else:
+        raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
+                            hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "
+                                 "(for example --set dataset.examples=50000 --set dataset.mean_tokens=600)")
+    return workload
+
+
+def optimizer_steps(workload: Workload, global_batch: int, max_steps: int | None) -> int:
+    """Optimizer steps of the run: max_steps, else the epochs' sequences divided by the global batch."""
+    if max_steps is not None:
+        return max_steps
+    return max(1, round(workload.sequences() * workload.epochs / global_batch))
