@@ -169,7 +169,9 @@ sys.stderr.write(f"HEAVY={heavy} CODE={code}\\n")
 
 
 @pytest.mark.parametrize("args", [["gpus"], ["offers", "--json"], ["models"], ["validate",
-                                  "examples/llama-3.1-8b-lora.yaml"], ["validate", "--model", "nope/nope"]])
+                                  "examples/llama-3.1-8b-lora.yaml"], ["validate", "--model", "nope/nope"],
+                                  ["breakeven", "--purchase-usd", "3800", "--rent-usd-per-hour", "0.78", "--json"],
+                                  ["breakeven", "--gpu", "rtx-4090"]])
 def test_light_commands_never_import_torch(args: list[str]) -> None:
     result = run_subprocess(PYTHON, "-c", NO_TORCH, *args)
     assert "HEAVY=[]" in result.stderr, result.stderr

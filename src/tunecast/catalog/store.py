@@ -9,7 +9,7 @@ provider, GPU, node size, instance type and region).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from functools import lru_cache
 from importlib import resources
@@ -45,7 +45,7 @@ class Catalog:
     models: ModelIndex
     user_dir: Path | None
     overheads: tuple[Overhead, ...] = ()
-    throughput: ThroughputConstants = ThroughputConstants(())
+    throughput: ThroughputConstants = field(default_factory=lambda: ThroughputConstants(()))
 
     @property
     def providers(self) -> list[str]:

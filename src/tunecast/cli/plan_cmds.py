@@ -64,8 +64,9 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     out.print(f"[dim]dataset: {escape(data['tokenizer'])}[/]")
     options = document["options"]
     priced = [o for o in options if o["total_usd"] is not None]
-    table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {'total cost' if document['optimize'] == 'cost' else 'hours'}"
-                  f" ({len(priced)} priced; ★ = Pareto front of cost and time)", title_justify="left")
+    ranking = "total cost" if document["optimize"] == "cost" else "hours"
+    table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced; ★ = Pareto front of "
+                  "cost and time)", title_justify="left")
     for heading, justify in (("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"),
                              ("$/h", "right"), ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"),
                              ("tok/s", "right"), ("hours", "right"), ("total", "right")):

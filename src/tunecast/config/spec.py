@@ -173,6 +173,10 @@ class PlanSpec(_Section):
     `qlora`, `adamw-8bit`, `paged-adamw`, `paged-adamw-8bit`, `optimizer_in_backward`,
     `activation_offload`, `chunked_loss`, `offload`, `fsdp`. Default: none."""
 
+    memory_margin: float = Field(0.05, ge=0.0, lt=0.5, examples=[0.1])
+    """Share of each GPU's usable memory the planner leaves free, for what an estimate cannot see (other
+    processes, allocator behaviour under pressure). Default 0.05."""
+
     @field_validator("allow", mode="before")
     @classmethod
     def _allow(cls, value: object) -> object:

@@ -89,7 +89,8 @@ class StepProfile:
                 for kind, coefficients in self.flops.items()}
 
     def to_json(self) -> dict[str, Any]:
-        return {"layers": self.layers, "facts": asdict(self.facts), "flops": {k: list(v) for k, v in self.flops.items()},
+        return {"layers": self.layers, "facts": asdict(self.facts),
+                "flops": {k: list(v) for k, v in self.flops.items()},
                 "events": [[e.kind, e.key, list(e.size), e.category, e.phase, e.step] for e in self.events]}
 
     @classmethod

@@ -308,7 +308,6 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                 count_flops: bool) -> Trace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-
     from torch.utils.flop_counter import FlopCounterMode
 
     from tunecast.train.setup import make_optimizer

@@ -22,6 +22,7 @@ from tunecast.catalog.offers import Offer
 from tunecast.units import HOURS_PER_MONTH, SECONDS_PER_HOUR
 
 ON_DEMAND_CHECKPOINT_HOURS = 0.5  # automatic interval on on-demand capacity
+MIN_CHECKPOINT_HOURS = 1 / 60  # no automatic interval shorter than a minute, however cheap a write is
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class RunShape:
 
 def young_daly_interval(checkpoint_hours: float, interruptions_per_hour: float) -> float:
     """√(2 C / λ): the checkpoint interval that minimises expected lost work plus checkpoint cost."""
-    return math.sqrt(2 * checkpoint_hours / interruptions_per_hour)
+    return max(MIN_CHECKPOINT_HOURS, math.sqrt(2 * checkpoint_hours / interruptions_per_hour))
 
 
 def billed_hours(hours: float, offer: Offer) -> float:

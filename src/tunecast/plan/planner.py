@@ -160,7 +160,7 @@ class Planner:
         base = _apply(spec, {"gpus.count": count, "gpus.gpu": gpu.slug})
         allowed = [(name, change) for name, change in ALLOWED_CHANGES if name in spec.plan.allow
                    and _applicable(name, base, count)]
-        capacity = gpu.usable_memory_gib
+        capacity = gpu.usable_memory_gib * (1 - spec.plan.memory_margin)
         applied: dict[str, Any] = {}
         names: list[str] = []
         smallest: MemoryEstimate | None = None
@@ -181,7 +181,7 @@ class Planner:
         over = smallest.device_total_gib - capacity
         tried = f" (tried: {', '.join(names)})" if names else ""
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "
-                f"{capacity:.1f} GiB usable{tried}")
+                f"{capacity:.1f} GiB the plan may use{tried}")
 
     def _configuration(self, gpu: Gpu, count: int, spec: RunSpec, micro_batch: int, grad_accum: int,
                        checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...]) -> Configuration:

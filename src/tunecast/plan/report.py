@@ -15,6 +15,7 @@ from tunecast.atomic import write_text_atomic
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
+from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
 from tunecast.plan.planner import Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
@@ -37,10 +38,12 @@ def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, tod
     if path and Path(path).exists():
         stat = Path(path).stat()
         stamp = [stat.st_size, stat.st_mtime_ns]
-    catalog_rows = [o.document() for o in catalog.offers] + [g.document() for g in catalog.gpus]
+    catalog_rows = ([o.document() for o in catalog.offers] + [g.document() for g in catalog.gpus]
+                    + [r.document() for r in catalog.throughput.rows] + [r.document() for r in catalog.overheads])
     payload = json.dumps({"spec": loaded.spec.model_dump(mode="json"), "model": loaded.model.data,
                           "request": request.__dict__, "dataset": stamp, "catalog": catalog_rows,
-                          "today": today.isoformat(), "version": __version__, "format": PLAN_FORMAT},
+                          "today": today.isoformat(), "version": __version__,
+                          "format": [PLAN_FORMAT, PROFILE_FORMAT]},
                          sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
@@ -48,16 +51,28 @@ def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, tod
 def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The plan document (`tunecast plan --json`), from the cache when nothing it depends on changed."""
-    if request.optimize not in ("cost", "time"):
-        raise TunecastError(f"--optimize {request.optimize!r} is not cost or time", field="--optimize",
-                            hint="use --optimize cost (the default) or --optimize time")
+    _check(request)
     path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json"
     if path.is_file() and os.environ.get("TUNECAST_NO_CACHE") != "1":
-        return json.loads(path.read_text())
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached
     document = _compute(loaded, catalog, request, today=today, progress=progress)
     if os.environ.get("TUNECAST_NO_CACHE") != "1":
         write_text_atomic(path, json.dumps(document))
     return document
+
+
+def _check(request: PlanRequest) -> None:
+    if request.optimize not in ("cost", "time"):
+        raise TunecastError(f"--optimize {request.optimize!r} is not cost or time", field="--optimize",
+                            hint="use --optimize cost (the default) or --optimize time")
+    for flag, value, floor in (("--budget", request.budget_usd, "a positive number of USD"),
+                               ("--deadline", request.deadline_hours, "a positive number of hours")):
+        if value is not None and not value > 0:
+            raise TunecastError(f"{flag} {value:g} leaves no run", field=flag, hint=f"give {floor}, or leave it out")
+    if request.interruptions_per_hour is not None and not request.interruptions_per_hour >= 0:
+        raise TunecastError(f"--preemptions-per-hour {request.interruptions_per_hour:g} is negative",
+                            field="--preemptions-per-hour", hint="give a rate of 0 or more per hour")
 
 
 def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
@@ -67,13 +82,13 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
     gpus = [loaded.gpu] if loaded.gpu is not None else sorted(catalog.gpus, key=lambda g: g.slug)
     options = list(planner.options(gpus, interruptions_override=request.interruptions_per_hour, today=today,
                                    progress=progress))
-    filtered = 0
     kept: list[Option] = []
+    dropped: list[Option] = []
     for option in options:
         cost = option.cost
         if cost is not None and ((request.budget_usd is not None and cost.total_usd > request.budget_usd)
                                  or (request.deadline_hours is not None and cost.hours > request.deadline_hours)):
-            filtered += 1
+            dropped.append(option)
             continue
         kept.append(option)
     mark_pareto(kept)
@@ -85,15 +100,20 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
         "dataset": workload.as_dict(),
         "global_batch": planner.global_batch(),
         "optimize": request.optimize,
-        "filtered_out": filtered,
-        "recommendations": recommendations(ranked, request),
+        "filtered_out": len(dropped),
+        "recommendations": recommendations(ranked, dropped),
         "options": [option.as_dict() for option in ranked],
     }
 
 
-def recommendations(ranked: list[Option], request: PlanRequest) -> list[str]:
+def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
     """Plain-word advice: the cheapest and fastest runs, spot against on-demand, small micro-batches."""
     priced = [o for o in ranked if o.cost is not None]
+    if not priced and dropped:
+        cheapest = min(dropped, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
+        fastest = min(dropped, key=lambda o: o.cost.hours)  # type: ignore[union-attr]
+        return [f"No run meets the budget and deadline. Cheapest: {_describe(cheapest)}. "
+                f"Fastest: {_describe(fastest)}."]
     if not priced:
         fitting = [o for o in ranked if o.fits]
         if fitting:

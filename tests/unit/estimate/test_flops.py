@@ -13,8 +13,8 @@
 """
 
 import pytest
-
 from tests.models import tiny_llama
+
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import build_meta_model

@@ -1,0 +1,93 @@
+"""`tunecast plan` and `tunecast breakeven` end to end through the real entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.models import tiny_llama
+
+OPTION_KEYS = {"gpu", "gpu_count", "provider", "spot", "usd_per_hour_total", "fits", "micro_batch", "grad_accum",
+               "grad_checkpointing", "peak_reserved_gib", "tokens_per_second", "tokens_per_second_per_gpu", "hours",
+               "compute_usd", "storage_usd", "preemption_usd", "total_usd", "pareto", "notes"}
+
+
+@pytest.fixture(autouse=True)
+def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(tiny_llama()))
+    return str(path)
+
+
+def plan_args(model: str, *extra: str) -> list[str]:
+    return ["plan", "--model", model, "--method", "lora", "--seq-len", "256", "--global-batch", "8",
+            "--set", "dataset.examples=1000000", "--set", "dataset.mean_tokens=200", *extra]
+
+
+def test_plan_json_follows_the_contract(cli, model) -> None:
+    result = cli(*plan_args(model, "--gpu", "H100", "--json"))  # an alias: options name the canonical slug
+    assert result.code == 0, result.stderr
+    document = result.json()
+    assert {"schema_version", "spec", "dataset", "options"} <= set(document)
+    assert document["dataset"]["processed_tokens"] == 3 * 1_000_000 * 200
+    assert document["dataset"]["trained_tokens"] == document["dataset"]["processed_tokens"]  # no prompts declared
+    options = document["options"]
+    assert options and all(set(o) >= OPTION_KEYS for o in options)
+    assert {o["gpu"] for o in options} == {"h100-sxm"} and {o["gpu_count"] for o in options} == {1, 2, 4, 8}
+    priced = [o["total_usd"] for o in options if o["total_usd"] is not None]
+    assert priced == sorted(priced) and any(o["pareto"] for o in options)
+    assert {o["spot"] for o in options} == {False, True}  # spot offers priced beside on-demand
+
+
+def test_plan_table_and_recommendations(cli, model) -> None:
+    result = cli(*plan_args(model, "--gpu", "h100-sxm", "--gpus", "1", "--optimize", "time"))
+    assert result.code == 0, result.stderr
+    assert "Runs ranked by hours" in result.stdout and "Cheapest:" in result.stdout
+    assert "1×h100-sxm" in result.stdout
+
+
+def test_a_plan_without_a_dataset_size_names_the_field(cli, model) -> None:
+    result = cli("plan", "--model", model, "--gpu", "h100-sxm")
+    assert result.code == 2 and "Traceback" not in result.stderr
+    assert "dataset" in result.stderr and "mean_tokens" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["--optimize", "price"], "--optimize"),
+                                            (["--budget", "-5"], "--budget"), (["--deadline", "0"], "--deadline")])
+def test_bad_plan_flags_exit_2(cli, model, args, flag) -> None:
+    result = cli(*plan_args(model, "--gpu", "h100-sxm", *args))
+    assert result.code == 2 and flag in result.stderr and "Traceback" not in result.stderr
+
+
+def test_breakeven_quoted_example(cli) -> None:
+    result = cli("breakeven", "--purchase-usd", "3800", "--rent-usd-per-hour", "0.78", "--hours-per-month", "350",
+                 "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["breakeven_hours"] == 4871.8 and result.json()["breakeven_months"] == 13.9
+    powered = cli("breakeven", "--purchase-usd", "3800", "--rent-usd-per-hour", "0.78", "--hours-per-month", "350",
+                  "--power-w", "450", "--usd-per-kwh", "0.30", "--json").json()
+    assert powered["breakeven_hours"] == pytest.approx(3800 / (0.78 - 0.135), abs=0.1)
+    words = cli("breakeven", "--gpu", "rtx-4090", "--hours-per-month", "200")
+    assert words.code == 0 and "break-even after" in words.stdout
+
+
+def test_breakeven_in_units_of_work(cli, model, tmp_path) -> None:
+    run = tmp_path / "run.yaml"
+    run.write_text(f"model: {model}\nmethod: lora\nseq_len: 256\nglobal_batch: 8\n"
+                   "dataset:\n  examples: 1000000\n  mean_tokens: 200\n")
+    result = cli("breakeven", "--gpu", "rtx-4090", "--rent-gpu", "h100-sxm", "--run", str(run), "--json")
+    assert result.code == 0, result.stderr
+    work = result.json()["work"]
+    assert 0 < work["rented_hours_per_run"] < work["owned_hours_per_run"]  # the H100 is faster
+    assert work["rented_usd_per_run"] > 0 and work["breakeven_runs"] > 0
+
+
+def test_breakeven_without_a_price_names_the_flag(cli) -> None:
+    result = cli("breakeven", "--rent-usd-per-hour", "1.0")
+    assert result.code == 2 and "--purchase-usd" in result.stderr

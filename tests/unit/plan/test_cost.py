@@ -1,0 +1,118 @@
+"""Cost of a whole run on an offer: billing rules, node sizes, storage, spot preemptions and Young/Daly."""
+
+import math
+from datetime import date
+
+import pytest
+
+from tunecast.catalog.offers import Offer
+from tunecast.plan.cost import RunShape, billed_gpus, billed_hours, price_run, young_daly_interval
+
+TODAY = date(2026, 11, 29)
+
+
+def offer(**changes) -> Offer:  # type: ignore[no-untyped-def]
+    values = {"provider": "p", "gpu": "h100-sxm", "gpu_count": 1, "usd_per_hour": 2.0, "spot_usd_per_hour": 1.0,
+              "billing_increment_s": 1, "minimum_charge_s": 0, "boot_billed": False, "volume_usd_per_gb_month": 0.1,
+              "as_of": date(2026, 11, 1), "source": "test"}
+    values.update(changes)
+    return Offer.model_validate(values)
+
+
+def shape(**changes) -> RunShape:  # type: ignore[no-untyped-def]
+    values = {"gpu_count": 1, "train_hours": 10.0, "startup_hours": 0.0, "checkpoint_write_hours": 0.0,
+              "restart_hours": 0.0, "boot_hours": 0.0, "storage_gb": 0.0, "fixed_interval_hours": None}
+    values.update(changes)
+    return RunShape(**values)
+
+
+def test_billing_increments_and_minimum_charge() -> None:
+    assert billed_hours(1.0, offer()) == 1.0
+    assert billed_hours(61 / 3600, offer(billing_increment_s=60)) == pytest.approx(120 / 3600)
+    assert billed_hours(0.2, offer(billing_increment_s=3600)) == 1.0
+    assert billed_hours(10 / 3600, offer(minimum_charge_s=60)) == pytest.approx(60 / 3600)
+
+
+def test_gpus_billed_by_node() -> None:
+    assert billed_gpus(4, offer()) == 4  # per-GPU offers scale
+    assert billed_gpus(2, offer(gpu_count=8)) == 8  # a node of 8 is rented whole
+    assert billed_gpus(8, offer(gpu_count=8)) == 8
+    assert billed_gpus(16, offer(gpu_count=8)) is None  # no multi-node runs
+
+
+def test_on_demand_compute_and_storage() -> None:
+    cost = price_run(shape(gpu_count=4, storage_gb=100.0), offer(), spot=False, default_interruptions_per_hour=0.5,
+                     today=TODAY)
+    assert cost is not None
+    assert cost.usd_per_hour_total == 8.0 and cost.compute_usd == pytest.approx(80.0)
+    assert cost.storage_usd == pytest.approx(100 * 0.1 * 10 / 730)
+    assert cost.preemption_usd == 0 and cost.total_usd == pytest.approx(80.0 + cost.storage_usd)
+
+
+def test_boot_time_is_billed_where_the_offer_bills_it() -> None:
+    billed = price_run(shape(boot_hours=0.1), offer(boot_billed=True), spot=False, default_interruptions_per_hour=0,
+                       today=TODAY)
+    free = price_run(shape(boot_hours=0.1), offer(boot_billed=False), spot=False, default_interruptions_per_hour=0,
+                     today=TODAY)
+    assert billed is not None and free is not None
+    assert billed.compute_usd - free.compute_usd == pytest.approx(0.1 * 2.0)
+
+
+def test_checkpoint_writes_take_time() -> None:
+    cost = price_run(shape(checkpoint_write_hours=0.05), offer(), spot=False, default_interruptions_per_hour=0,
+                     today=TODAY)
+    assert cost is not None and cost.checkpoint_interval_hours == 0.5
+    assert cost.hours == pytest.approx(10 + 10 / 0.5 * 0.05)
+
+
+def test_young_daly_interval() -> None:
+    assert young_daly_interval(0.02, 0.5) == pytest.approx(math.sqrt(2 * 0.02 / 0.5))
+
+
+def test_spot_expected_preemption_cost() -> None:
+    s = shape(checkpoint_write_hours=0.02, restart_hours=0.2)
+    cost = price_run(s, offer(), spot=True, default_interruptions_per_hour=0.5, today=TODAY)
+    assert cost is not None and cost.spot and cost.usd_per_hour_total == 1.0
+    interval = math.sqrt(2 * 0.02 / 0.5)
+    run = 10 + 10 / interval * 0.02
+    expected = 0.5 * run
+    assert cost.checkpoint_interval_hours == pytest.approx(interval)
+    assert cost.expected_preemptions == pytest.approx(expected)
+    assert cost.preemption_usd == pytest.approx(expected * (interval / 2 + 0.2) * 1.0)
+    assert any("no published preemption rate" in note for note in cost.notes)
+
+
+def test_young_daly_minimises_the_expected_overhead() -> None:
+    s = shape(checkpoint_write_hours=0.02, restart_hours=0.2)
+
+    def overhead(interval: float) -> float:
+        cost = price_run(RunShape(**{**s.__dict__, "fixed_interval_hours": interval}), offer(), spot=True,
+                         default_interruptions_per_hour=0.5, today=TODAY)
+        assert cost is not None
+        return cost.hours
+
+    best = young_daly_interval(0.02, 0.5)
+    assert overhead(best) <= overhead(best / 2) and overhead(best) <= overhead(best * 2)
+
+
+def test_published_rate_and_override() -> None:
+    published = price_run(shape(), offer(spot_interruptions_per_hour=0.01), spot=True,
+                          default_interruptions_per_hour=0.5, today=TODAY)
+    overridden = price_run(shape(), offer(spot_interruptions_per_hour=0.01), spot=True,
+                           default_interruptions_per_hour=0.5, today=TODAY, interruptions_override=1.0)
+    assert published is not None and overridden is not None
+    assert published.expected_preemptions == pytest.approx(0.1) and overridden.expected_preemptions == pytest.approx(10)
+
+
+def test_no_spot_price_no_spot_option_and_stale_prices_flagged() -> None:
+    assert price_run(shape(), offer(spot_usd_per_hour=None), spot=True, default_interruptions_per_hour=0.5,
+                     today=TODAY) is None
+    old = price_run(shape(), offer(as_of=date(2026, 1, 1)), spot=False, default_interruptions_per_hour=0.5,
+                    today=TODAY)
+    assert old is not None and any("older than 90 days" in note for note in old.notes)
+
+
+def test_free_checkpoint_writes_keep_a_floor_interval() -> None:
+    assert young_daly_interval(0.0, 0.5) == pytest.approx(1 / 60)
+    cost = price_run(shape(), offer(), spot=True, default_interruptions_per_hour=0.5, today=TODAY)
+    assert cost is not None and cost.checkpoint_interval_hours == pytest.approx(1 / 60)
