@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/tunecast validate $(DEMO_CONFIG)
-	$(BIN)/tunecast memory $(DEMO_CONFIG) --micro-batch 1 --gpu rtx-4090
+	$(BIN)/tunecast plan $(DEMO_CONFIG)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks

@@ -55,6 +55,9 @@ def plan_command(
     print_problems(list(loaded.warnings))
 
 
+UNFIT_SHOWN = 8  # configurations that do not fit, listed with their reason under the table
+
+
 def _render_plan(document: dict[str, Any], top: int) -> None:
     data = document["dataset"]
     spec = document["spec"]
@@ -81,8 +84,11 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     out.print(table)
     unfit = {(o["gpu"], o["gpu_count"]): o["notes"][0] for o in options if not o["fits"]}
     if unfit:
-        out.print(f"[dim]Does not fit ({len(unfit)}): " + "; ".join(
-            f"{count}×{gpu}" for (gpu, count) in list(unfit)[:12]) + (" …" if len(unfit) > 12 else "") + "[/]")
+        out.print(f"Does not fit ({len(unfit)}):")
+        for (gpu, count), reason in list(unfit.items())[:UNFIT_SHOWN]:
+            out.print(f"[dim]  {count}×{gpu}: {escape(reason.removeprefix('does not fit: '))}[/]")
+        if len(unfit) > UNFIT_SHOWN:
+            out.print(f"[dim]  … and {len(unfit) - UNFIT_SHOWN} more (--json lists them all)[/]")
     for line in document["recommendations"]:
         out.print(f"• {escape(line)}")
     if document["filtered_out"]:

@@ -81,6 +81,9 @@ def _dataset_problems(spec: RunSpec, add: Callable[..., None]) -> None:
                 "set it to at most dataset.mean_tokens")
     if data.path is None and declared and "format" in data.model_fields_set:
         add("dataset.format", "is ignored with a declared size", "remove dataset.format", severity="warning")
+    if spec.eval.every_steps is not None and spec.eval.examples == 0:
+        add("eval.every_steps", "has no effect: eval.examples is 0, so nothing is evaluated",
+            "set eval.examples to the number of held-out examples, or remove eval.every_steps", severity="warning")
 
 
 def catalog_problems(spec: RunSpec, catalog: Catalog, locate: Locate) -> list[Problem]:

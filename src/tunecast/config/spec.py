@@ -65,6 +65,12 @@ class LoraSpec(_Section):
     dora: bool = False
     """Weight-decomposed LoRA (DoRA, peft's `use_dora`). Default false."""
 
+    fp32_adapters: bool = True
+    """Keep adapter weights in fp32 on a bf16 or fp16 model, as peft does by default
+    (`autocast_adapter_dtype=True`): every adapted layer then casts its input to fp32 and its adapter output
+    back, which costs memory and time. False keeps adapters in the model's dtype, as litgpt and NeMo do.
+    Default true."""
+
     modules_to_save: list[str] = Field(default_factory=list, examples=[["lm_head"]])
     """Modules trained in full next to the adapters and saved with them (peft's `modules_to_save`),
     for example `[lm_head, embed_tokens]` when new tokens are added. Default: none."""
@@ -147,6 +153,18 @@ class CheckpointSpec(_Section):
 
     keep: PositiveInt = Field(2, examples=[3])
     """Number of newest complete checkpoints kept; older ones are deleted. Default 2."""
+
+
+class EvalSpec(_Section):
+    """Evaluation on held-out examples while training: forward passes only, counted in the run's time."""
+
+    examples: int = Field(0, ge=0, examples=[500])
+    """Examples evaluated each time: held out of the dataset file (not trained on); with a declared size,
+    in addition to `dataset.examples`, which counts training examples. Default 0: no evaluation."""
+
+    every_steps: PositiveInt | None = Field(None, examples=[200])
+    """Evaluate every this many optimizer steps. Default: unset, which evaluates at the end of each epoch
+    when `examples` is above 0."""
 
 
 class PricingSpec(_Section):
@@ -283,6 +301,9 @@ class RunSpec(_Section):
 
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     """How often training state is saved, and how many checkpoints are kept."""
+
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    """Evaluation on held-out examples."""
 
     pricing: PricingSpec = Field(default_factory=PricingSpec)
     """Which price offers are compared."""

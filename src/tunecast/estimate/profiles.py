@@ -8,6 +8,7 @@ are avoided because the caching allocator's reserve grows linearly only from a f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.paths import cache_dir
 
-PROFILE_FORMAT = 11  # bump when what a profile holds changes
+PROFILE_FORMAT = 13  # bump when what a profile holds changes
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class ProfilePair:
         return self.exact_shape is None or self.exact_shape == (batch, seq)
 
 
+@functools.cache
 def _versions() -> dict[str, str]:
     found = {"format": str(PROFILE_FORMAT)}
     for package in ("torch", "transformers", "peft"):

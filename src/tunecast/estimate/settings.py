@@ -24,6 +24,7 @@ class AdapterSettings:
     targets: tuple[str, ...] | str
     dora: bool
     modules_to_save: tuple[str, ...]
+    fp32_adapters: bool = True
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class TraceSettings:
         return cls(
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
-                                     tuple(lora.modules_to_save)),
+                                     tuple(lora.modules_to_save), lora.fp32_adapters),
             precision=spec.precision,
             optimizer=traced_optimizer,
             optimizer_in_backward=spec.optimizer_in_backward,

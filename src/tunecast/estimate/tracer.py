@@ -90,6 +90,7 @@ class _Recorder:
         self.closed = False
         self.counting = False  # True while the measured step's forward and backward run
         self.elementwise_bytes = 0  # bytes written to new tensors by operations other than matmuls
+        self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
 
     def track(self, tensor: Any, category: str | None = None) -> int:
         """Record a tensor's storage if it is new; returns the bytes newly allocated (0 if seen)."""
@@ -138,8 +139,13 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     written += recorder.track(leaf)
-            if recorder.counting and func.overloadpacket.__name__ not in _COMPUTE_OPS:
-                recorder.elementwise_bytes += written
+            if recorder.counting:
+                name = func.overloadpacket.__name__
+                if name not in _COMPUTE_OPS:
+                    recorder.elementwise_bytes += written
+                # prim:: operations (a tensor's device, its layout) are queries answered without a kernel
+                if not func.is_view and func.namespace != "prim" and name not in _NO_KERNEL_OPS:
+                    recorder.kernels += 1
             return out
 
     return Recording()
@@ -215,6 +221,9 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
 # Operations whose time is their arithmetic (counted as FLOPs); the rest move memory.
 _COMPUTE_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm",
                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward"}
+# Operations that allocate or relabel memory without launching a kernel.
+_NO_KERNEL_OPS = {"empty", "empty_strided", "empty_like", "_unsafe_view", "lift_fresh", "alias", "set_",
+                  "resize_", "_reshape_alias", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
 _ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
                   "_scaled_dot_product_flash_attention_for_cpu_backward")
 
@@ -386,4 +395,5 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
         for hook in hooks:
             hook.remove()
     flops = _split_flops(counter) if count_flops else {}
-    return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes)})
+    return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes),
+                                 "kernels": float(recorder.kernels)})

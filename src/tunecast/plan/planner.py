@@ -9,6 +9,7 @@ offload and strategy change only when `plan.allow` lists the change.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import date
@@ -19,11 +20,11 @@ from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
-from tunecast.estimate.profiles import get_profiles
+from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.cost import OfferCost, RunShape, price_run
-from tunecast.plan.throughput import StepTime, step_time
-from tunecast.plan.workload import Workload, optimizer_steps
+from tunecast.plan.throughput import StepTime, forward_seconds, step_time
+from tunecast.plan.workload import Workload, evaluations, optimizer_steps
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
 GPU_COUNTS = (1, 2, 4, 8)
@@ -57,7 +58,8 @@ class Configuration:
     memory: MemoryEstimate
     step: StepTime
     tokens_per_second: float  # real (non-padding) tokens per second, all GPUs
-    hours: float  # training only
+    hours: float  # training steps and evaluations
+    eval_hours: float
     changes: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
 
@@ -91,6 +93,7 @@ class Option:
             "tokens_per_second": round(c.tokens_per_second, 1) if c else None,
             "tokens_per_second_per_gpu": round(c.tokens_per_second / self.gpu_count, 1) if c else None,
             "hours": round(self.cost.hours, 3) if self.cost else (round(c.hours, 3) if c else None),
+            "eval_hours": round(c.eval_hours, 3) if c else None,
             "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
             "pareto": self.pareto,
             "notes": ([self.reason] if self.reason else []) + (list(c.notes) if c else [])
@@ -135,8 +138,9 @@ class Planner:
         return spec.global_batch or spec.micro_batch * spec.grad_accum * spec.gpus.count
 
     def _estimate(self, spec: RunSpec, gpu: Gpu, micro_batch: int, checkpointing: bool) -> MemoryEstimate:
-        # Memory depends on the GPU only through its architecture's cuBLAS workspace.
-        key = (spec.model_dump_json(), gpu.architecture, micro_batch, checkpointing)
+        # Memory depends on the GPU only through its architecture's cuBLAS workspace: cards of one
+        # architecture share their estimates.
+        key = (spec.model_dump_json(exclude={"gpus": {"gpu"}}), gpu.architecture, micro_batch, checkpointing)
         if key not in self._memory:
             self._memory[key] = estimate_memory(spec, self.loaded.model.data, device="cuda", gpu=gpu,
                                                 overheads=self.catalog.overheads, grad_checkpointing=checkpointing,
@@ -169,6 +173,13 @@ class Planner:
                 applied.update(step[1])
                 names.append(step[0])
             candidate = _apply(base, applied) if applied else base
+            # memory grows with the micro-batch and without checkpointing: when the smallest form does not
+            # fit, no other does
+            least = self._estimate(candidate, gpu, min(micro_batches), max(checkpointing_options))
+            if smallest is None or least.device_total_gib < smallest.device_total_gib:
+                smallest = least
+            if least.device_total_gib > capacity:
+                continue
             for checkpointing in checkpointing_options:
                 for micro_batch in micro_batches:
                     memory = self._estimate(candidate, gpu, micro_batch, checkpointing)
@@ -195,14 +206,29 @@ class Planner:
         real = self.workload.real_fraction(micro_batch)
         tokens_per_second = count * step.tokens_per_step * real / step.total_s
         steps = optimizer_steps(self.workload, self.global_batch(), spec.max_steps)
-        hours = steps * step.total_s / SECONDS_PER_HOUR
+        eval_s = self._eval_seconds(spec, pair, gpu, count, micro_batch, sequence, steps)
+        hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
         notes = []
         if micro_batch <= SMALL_MICRO_BATCH and self.global_batch() // count > SMALL_MICRO_BATCH:
             notes.append(f"only a micro-batch of {micro_batch} fits: slower steps, noisier statistics")
         if checkpointing and not self.spec.fixed("grad_checkpointing"):
             notes.append("gradient checkpointing needed to fit")
         return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,
-                             tokens_per_second, hours, changes, notes)
+                             tokens_per_second, hours, eval_s / SECONDS_PER_HOUR, changes, notes)
+
+    def _eval_seconds(self, spec: RunSpec, pair: ProfilePair, gpu: Gpu, count: int, micro_batch: int,
+                      sequence: int, steps: int) -> float:
+        """Every evaluation of the run: the held-out examples' forward passes, split over the GPUs."""
+        workload = self.workload
+        evaluations_run = evaluations(workload, steps, self.global_batch(), spec.eval.every_steps)
+        if not evaluations_run:
+            return 0.0
+        sequences = workload.eval_examples
+        if workload.packed:
+            sequences = math.ceil(workload.eval_examples * workload.mean_tokens / workload.seq_len)
+        batches = math.ceil(math.ceil(sequences / count) / micro_batch)
+        forward = forward_seconds(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence)
+        return evaluations_run * batches * forward
 
     def run_shape(self, config: Configuration) -> RunShape:
         constants = self.catalog.throughput

@@ -13,12 +13,16 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   once and read once, at the bandwidth;
 * QLoRA: each pass over a quantized weight dequantizes it (read half a byte, write two) — forward, backward,
   and again when checkpointing recomputes;
+* dispatch: every eager operation costs the CPU a few microseconds to dispatch and launch (the traced step
+  counts the operations); the GPU works through its queue asynchronously, so this shows only where it
+  exceeds the GPU's work — micro-batches of a few hundred tokens;
 * the optimizer step: a fused pass over parameters, gradients and states at the bandwidth; CPU offload moves
   gradients and parameters over PCIe instead;
 * activation offload: saved activations to CPU RAM and back over PCIe, overlapped with compute;
-* several GPUs: DDP's ring all-reduce of gradients, FSDP's all-gathers of parameters (forward and backward)
-  and reduce-scatter of gradients, over the card's interconnect, overlapped with computation where the
-  engines overlap them (DDP with the backward pass, FSDP with the whole step).
+* several GPUs: DDP's ring all-reduce of gradients; ZeRO-2's reduce-scatter of gradients and all-gather of the
+  updated parameters; FSDP's (and ZeRO-3's) all-gathers of parameters (forward and backward) and
+  reduce-scatter of gradients — over the card's interconnect, overlapped with computation where the engines
+  overlap them (DDP's and ZeRO-2's gradients with the backward pass, FSDP with the whole step).
 
 Every constant is a catalog row (`catalog/data/throughput.csv`, `gpus.csv`) with its source.
 """
@@ -40,6 +44,7 @@ class StepTime:
 
     compute_s: float  # matmuls + attention + memory-bound operations, all micro-batches
     dequantize_s: float
+    dispatch_s: float  # CPU time dispatching kernels, where it exceeds the GPU's work (small micro-batches)
     optimizer_s: float
     communication_s: float  # exposed (not hidden behind computation)
     offload_s: float  # exposed
@@ -47,10 +52,12 @@ class StepTime:
 
     @property
     def total_s(self) -> float:
-        return self.compute_s + self.dequantize_s + self.optimizer_s + self.communication_s + self.offload_s
+        return (self.compute_s + self.dequantize_s + self.dispatch_s + self.optimizer_s + self.communication_s
+                + self.offload_s)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"compute_s": self.compute_s, "dequantize_s": self.dequantize_s, "optimizer_s": self.optimizer_s,
+        return {"compute_s": self.compute_s, "dequantize_s": self.dequantize_s, "dispatch_s": self.dispatch_s,
+                "optimizer_s": self.optimizer_s,
                 "communication_s": self.communication_s, "offload_s": self.offload_s, "total_s": self.total_s}
 
 
@@ -63,17 +70,77 @@ def _depth(pair: ProfilePair, pick: Any) -> float:
 
 
 def matmul_seconds(linears: tuple[tuple[int, int, bool], ...], tokens: int, *, passes: int, flops_per_s: float,
-                   bytes_per_s: float, element: int) -> tuple[float, float]:
-    """Roofline time and FLOPs of the Linear layers for `tokens` rows: forward, input gradient, and weight
-    gradient when the weight trains; `passes` forward passes (2 with checkpointing)."""
+                   bytes_per_s: float, element: int, backward: bool = True) -> tuple[float, float]:
+    """Roofline time and FLOPs of the Linear layers for `tokens` rows: `passes` forward passes (2 with
+    checkpointing), then (with `backward`) the input gradient, and the weight gradient when the weight trains."""
     seconds = flops_total = 0.0
     for inputs, outputs, trains in linears:
         flops = 2 * tokens * inputs * outputs
         moved = element * (tokens * inputs + inputs * outputs + tokens * outputs)
-        count = passes + 1 + (1 if trains else 0)
+        count = passes + ((1 + (1 if trains else 0)) if backward else 0)
         seconds += max(flops / flops_per_s, moved / bytes_per_s) * count
         flops_total += flops * count
     return seconds, flops_total
+
+
+# Share of a training step's non-matmul work (attention kernels, memory-bound operations) done in the forward
+# pass: backward kernels do about twice the forward's work (FlashAttention-2's backward ~2.5× its forward).
+FORWARD_SHARE = 1 / 3
+# Bytes moved to dequantize one NF4 weight for one pass: read half a byte, write its two-byte bf16 copy
+# (bitsandbytes dequantizes, then runs a plain matmul, whose roofline already counts reading that copy).
+DEQUANTIZE_BYTES_PER_WEIGHT = 0.5 + 2
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """What one card achieves for this run's precision."""
+
+    matmul: float  # FLOP/s of large matmuls (fp8 where the run and the card use it)
+    bf16: float  # FLOP/s of bf16 matmuls (attention, matmuls outside the Linear layers)
+    attention: float  # FLOP/s of attention kernels
+    bandwidth: float  # bytes/s memory-bound kernels reach
+    element: int  # bytes of a matmul operand
+
+    @classmethod
+    def of(cls, spec: RunSpec, gpu: Gpu, constants: ThroughputConstants) -> _Rates:
+        fp8 = spec.precision == "fp8" and gpu.fp8_tflops is not None
+        efficiency = constants.matmul_efficiency(gpu)
+        peak = (gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
+        bf16 = gpu.bf16_tflops * 1e12 * efficiency
+        return cls(peak * efficiency, bf16, bf16 * constants.get("attention_efficiency"),
+                   gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency"),
+                   1 if fp8 else (2 if spec.precision != "fp32" else 4))
+
+    def linears(self, pair: ProfilePair, tokens: int, passes: int, backward: bool = True) -> tuple[float, float]:
+        """Seconds and FLOPs of every Linear (all layers and the head) on the roofline."""
+        facts = pair.deeper.facts
+        layer_s, layer_flops = matmul_seconds(facts.layer_linears, tokens, passes=passes, flops_per_s=self.matmul,
+                                              bytes_per_s=self.bandwidth, element=self.element, backward=backward)
+        head = (facts.head_linear,) if facts.head_linear[0] else ()
+        head_s, head_flops = matmul_seconds(head, tokens, passes=1, flops_per_s=self.matmul,
+                                            bytes_per_s=self.bandwidth, element=self.element, backward=backward)
+        return pair.layers * layer_s + head_s, pair.layers * layer_flops + head_flops
+
+
+def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
+    """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
+    return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
+            for kind in ("matmul", "attention", "elementwise_bytes", "kernels")}
+
+
+
+def forward_seconds(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *,
+                    micro_batch: int, seq: int) -> float:
+    """One forward pass of a micro-batch without gradients (evaluation) on one GPU."""
+    rates = _Rates.of(spec, gpu, constants)
+    linear_s, _ = rates.linears(pair, micro_batch * seq, passes=1, backward=False)
+    work = _work(pair, micro_batch, seq)
+    seconds = linear_s + FORWARD_SHARE * (work["attention"] / rates.attention
+                                          + 2 * work["elementwise_bytes"] / rates.bandwidth)
+    if spec.method == "qlora":
+        seconds += _depth(pair, lambda p: p.facts.quantizable_numel) * DEQUANTIZE_BYTES_PER_WEIGHT / rates.bandwidth
+    # the GPU waits for the CPU when kernels are shorter than their dispatch
+    return max(seconds, FORWARD_SHARE * work["kernels"] * constants.get("op_dispatch_us") * 1e-6)
 
 
 def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *, micro_batch: int,
@@ -82,45 +149,37 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     """One optimizer step of `spec` on one of `gpu_count` GPUs, micro-batches of `micro_batch` × `seq`.
     `offloaded_activation_bytes`: what activation offload moves to CPU RAM per micro-batch (the memory
     estimate's host RAM)."""
-    facts = pair.deeper.facts
-    fp8 = spec.precision == "fp8" and gpu.fp8_tflops is not None
-    peak = (gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
-    efficiency = constants.matmul_efficiency(gpu)
-    bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency")
-    element = 1 if fp8 else (2 if spec.precision != "fp32" else 4)
+    rates = _Rates.of(spec, gpu, constants)
+    bandwidth = rates.bandwidth
     tokens = micro_batch * seq
     passes = 2 if grad_checkpointing else 1
 
     # Matmuls on the roofline, from the model's Linear shapes; the traced matmul FLOPs cover the rest (LoRA's
-    # small adapters and the loss's logits), at the achievable rate.
-    layer_s, layer_flops = matmul_seconds(facts.layer_linears, tokens, passes=passes, flops_per_s=peak * efficiency,
-                                          bytes_per_s=bandwidth, element=element)
-    head = (facts.head_linear,) if facts.head_linear[0] else ()
-    head_s, head_flops = matmul_seconds(head, tokens, passes=1, flops_per_s=peak * efficiency,
-                                        bytes_per_s=bandwidth, element=element)
-    flops = {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
-             for kind in ("matmul", "attention", "elementwise_bytes")}
-    # Matmuls the Linear shapes do not cover (eager attention's score products, the chunked loss's logits) at
-    # the achievable rate, from the traced count.
-    other_flops = max(0.0, flops["matmul"] - pair.layers * layer_flops - head_flops)
-    bf16_peak = gpu.bf16_tflops * 1e12 * efficiency
-    compute_s = (pair.layers * layer_s + head_s + other_flops / bf16_peak
-                 + flops["attention"] / (bf16_peak * constants.get("attention_efficiency"))
-                 + 2 * flops["elementwise_bytes"] / bandwidth)
+    # small adapters, eager attention's score products, the chunked loss's logits), at the achievable bf16 rate.
+    linear_s, linear_flops = rates.linears(pair, tokens, passes)
+    work = _work(pair, micro_batch, seq)
+    other_flops = max(0.0, work["matmul"] - linear_flops)
+    compute_s = (linear_s + other_flops / rates.bf16 + work["attention"] / rates.attention
+                 + 2 * work["elementwise_bytes"] / bandwidth)
 
     dequantize_s = 0.0
     if spec.method == "qlora":
         quantized = _depth(pair, lambda p: p.facts.quantizable_numel)
-        # per pass over the weights: read NF4 (0.5 byte), write and read the bf16 copy (2 + 2 bytes)
-        dequantize_s = (passes + 1) * quantized * 4.5 / bandwidth
+        dequantize_s = (passes + 1) * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / bandwidth
+    # Kernels are queued asynchronously: the GPU waits for the CPU only when the kernels of a micro-batch take
+    # less time than dispatching them (small micro-batches, short sequences).
+    dispatch_s = max(0.0, work["kernels"] * constants.get("op_dispatch_us") * 1e-6 - compute_s - dequantize_s)
     compute_s *= grad_accum
     dequantize_s *= grad_accum
+    dispatch_s *= grad_accum
 
     trainable = _depth(pair, lambda p: p.facts.trainable_numel)
-    state_bytes = 4 if spec.method != "full" or spec.precision in ("bf16-mixed", "fp16-mixed", "fp32") else element
+    # trainable weights (and their states) are fp32 under mixed precision and for peft's default fp32 adapters
+    fp32_trainable = spec.method != "full" and spec.lora.fp32_adapters
+    param_bytes = 4 if fp32_trainable else pair.deeper.facts.param_dtype_bytes
+    state_bytes = 4 if fp32_trainable or spec.precision in ("bf16-mixed", "fp16-mixed", "fp32") else param_bytes
     per_value = {"adamw": 2, "adamw-8bit": 0.5, "paged-adamw": 2, "paged-adamw-8bit": 0.5, "sgd": 0,
                  "adafactor": 0.1}[spec.optimizer]
-    param_bytes = 4 if spec.method != "full" else pair.deeper.facts.param_dtype_bytes
     # fused step: read parameter, gradient and states, write parameter and states
     optimizer_bytes = trainable * (2 * param_bytes + param_bytes + 2 * per_value * state_bytes)
     optimizer_s = optimizer_bytes / bandwidth
@@ -139,8 +198,13 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
         grads = trainable * param_bytes
         if spec.gpus.strategy == "ddp":
             exposed = 2 * ring * grads / link - compute_s * 2 / 3  # hidden behind the backward pass
+        elif spec.gpus.strategy == "zero2":
+            # gradients reduce-scattered behind the backward pass; updated parameters all-gathered after the
+            # sharded optimizer step, with nothing to hide behind
+            exposed = max(0.0, ring * grads / link - compute_s * 2 / 3) + ring * grads / link
         else:
             params = _depth(pair, lambda p: p.facts.layer_bytes) * pair.layers
             exposed = (2 * ring * params * grad_accum + ring * grads) / link - compute_s
         communication_s = max(0.0, exposed)
-    return StepTime(compute_s, dequantize_s, optimizer_s, communication_s, offload_s, tokens * grad_accum)
+    return StepTime(compute_s, dequantize_s, dispatch_s, optimizer_s, communication_s, offload_s,
+                    tokens * grad_accum)

@@ -3,6 +3,7 @@ from its declared size, times the epochs (or the steps)."""
 
 from __future__ import annotations
 
+import math
 import random
 from array import array
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ class Workload:
     lengths: array[int] | None = None  # truncated tokens per example, when measured
     packing_efficiency: float = 1.0
     seed: int = 42
+    eval_examples: int = 0  # evaluated each time (held out of a dataset file)
+
+    @property
+    def mean_tokens(self) -> float:
+        """Processed tokens of one example."""
+        return self.processed_tokens / self.examples
 
     @property
     def total_processed_tokens(self) -> float:
@@ -73,7 +80,7 @@ class Workload:
         return {"examples": self.examples, "processed_tokens": round(self.total_processed_tokens),
                 "trained_tokens": round(self.total_trained_tokens), "tokens_per_epoch": self.processed_tokens,
                 "epochs": self.epochs, "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
-                "tokenizer": self.tokenizer}
+                "tokenizer": self.tokenizer, "eval_examples": self.eval_examples}
 
 
 def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
@@ -90,21 +97,37 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
         stats = measure(data.path, counter, seq_len=spec.seq_len, micro_batch=1, layout=data.format,
                         train_on=data.train_on, skip_invalid=data.skip_invalid, seed=spec.seed)
         size = Path(data.path).stat().st_size if Path(data.path).is_file() else 0
-        workload = Workload(stats.examples, stats.total_tokens, stats.trained_tokens, epochs, spec.seq_len,
-                            spec.packing, True, stats.tokenizer, size, stats.kept_lengths,
-                            stats.packing_efficiency, spec.seed)
+        held = spec.eval.examples
+        if held >= stats.examples:
+            raise TunecastError(f"eval.examples {held} holds out the whole dataset ({stats.examples} examples)",
+                                field="eval.examples", hint="hold out fewer examples, for example 2% of them")
+        kept = (stats.examples - held) / stats.examples  # held-out examples are average ones
+        workload = Workload(stats.examples - held, round(stats.total_tokens * kept),
+                            round(stats.trained_tokens * kept), epochs, spec.seq_len, spec.packing, True,
+                            stats.tokenizer, size, stats.kept_lengths, stats.packing_efficiency, spec.seed, held)
     elif data.examples is not None and data.mean_tokens is not None:
         per_example = min(data.mean_tokens, spec.seq_len)
         trained = min(data.mean_trained_tokens or data.mean_tokens, per_example)
         processed = round(data.examples * per_example)
         workload = Workload(data.examples, processed, round(data.examples * trained), epochs, spec.seq_len,
                             spec.packing, False, "declared size (dataset.examples × dataset.mean_tokens)",
-                            round(processed * DECLARED_BYTES_PER_TOKEN))
+                            round((processed + spec.eval.examples * per_example) * DECLARED_BYTES_PER_TOKEN),
+                            eval_examples=spec.eval.examples)
     else:
         raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
                             hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "
                                  "(for example --set dataset.examples=50000 --set dataset.mean_tokens=600)")
     return workload
+
+
+def evaluations(workload: Workload, steps: int, global_batch: int, every_steps: int | None) -> int:
+    """Evaluations over the run: every `every_steps` optimizer steps, else one at the end of each epoch (and
+    of the last, partial one)."""
+    if workload.eval_examples == 0:
+        return 0
+    if every_steps is not None:
+        return steps // every_steps
+    return max(1, math.ceil(steps * global_batch / workload.sequences() - 1e-9))
 
 
 def optimizer_steps(workload: Workload, global_batch: int, max_steps: int | None) -> int:

@@ -38,8 +38,8 @@ def compute_dtype(precision: str) -> torch.dtype:
 
 
 def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
-    """Wrap `model` with LoRA adapters (peft). Frozen base weights, adapters in fp32 (peft's default
-    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters)."""
+    """Wrap `model` with LoRA adapters (peft). Frozen base weights; adapters in fp32 (peft's default
+    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters) unless `fp32_adapters` is off."""
     from peft import LoraConfig, get_peft_model
 
     targets: list[str] | str = adapters.targets if isinstance(adapters.targets, str) else list(adapters.targets)
@@ -47,7 +47,7 @@ def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
         r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=adapters.dropout, target_modules=targets,
         use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None, task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+    return get_peft_model(model, config, autocast_adapter_dtype=adapters.fp32_adapters)
 
 
 # Activations that transformers implements op by op, and their fused equivalents: same function, but one

@@ -165,3 +165,10 @@ def test_full_with_lora_section_is_a_warning_not_an_error(tmp_path, catalog) -> 
 def test_missing_config_file_says_how_to_start(tmp_path, catalog) -> None:
     with pytest.raises(TunecastError, match="does not exist"):
         load_spec(tmp_path / "nope.yaml", [], catalog)
+
+
+def test_an_eval_interval_without_examples_is_a_warning(tmp_path, catalog) -> None:
+    path = write(tmp_path, "model: meta-llama/Llama-3.1-8B\neval:\n  every_steps: 100\n")
+    loaded = load_spec(path, [], catalog)
+    [warning] = loaded.warnings
+    assert warning.field == "eval.every_steps" and "no effect" in warning.message

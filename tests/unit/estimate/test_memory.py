@@ -152,3 +152,24 @@ def test_closed_form_fallback_when_tracing_is_unavailable(catalog, monkeypatch) 
     fallback = estimate(catalog, config, device="cpu", gpu=None, method="lora")
     assert any("closed-form" in note for note in fallback.notes)
     assert fallback.peak_allocated_gib == pytest.approx(traced.peak_allocated_gib, rel=0.05)
+
+
+def test_adapters_in_the_model_dtype_save_peft_fp32_copies(catalog) -> None:
+    """peft upcasts adapters to fp32 by default (`autocast_adapter_dtype`) and casts each adapted layer's
+    input to fp32; with `lora.fp32_adapters: false` the adapters stay bf16 and the copies disappear."""
+    from transformers import AutoModelForCausalLM
+
+    from tunecast.estimate.settings import TraceSettings
+    from tunecast.estimate.shape import hf_config
+    from tunecast.train.setup import apply_adapters
+
+    config = tiny_llama()
+    for fp32 in (True, False):
+        spec = RunSpec.model_validate({"model": "x", "lora": {"fp32_adapters": fp32}})
+        model = AutoModelForCausalLM.from_config(hf_config(config), dtype=torch.bfloat16)
+        model = apply_adapters(model, TraceSettings.from_spec(spec).adapters)
+        dtypes = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
+        assert dtypes == {torch.float32 if fp32 else torch.bfloat16}
+    default = estimate(catalog, config, method="lora")
+    same_dtype = estimate(catalog, config, method="lora", lora={"fp32_adapters": False})
+    assert same_dtype.breakdown_gib["activations"] < default.breakdown_gib["activations"]

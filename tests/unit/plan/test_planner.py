@@ -56,6 +56,7 @@ def tiny_catalog(offers: list[Offer], memory: dict[str, float] | None = None,
 
 
 WIDER = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4)
+WIDE = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
 
 
 def loaded_spec(tmp_path: Path, catalog: Catalog, model_config: dict[str, Any] | None = None,
@@ -81,20 +82,20 @@ def plan(tmp_path: Path, catalog: Catalog, request: PlanRequest | None = None,
 
 def test_the_whole_run_not_the_hour_decides(tmp_path) -> None:
     """A card dearer per hour that finishes soon enough is the cheaper run, and is ranked first."""
-    even = plan(tmp_path, tiny_catalog([offer("rtx-3090", 1.0), offer("h100-sxm", 1.0)]),
-                gpus={"count": 1})
+    # a model wide enough, and sequences long enough, that the cards' speed shows (not kernel dispatch)
+    wide = {"model_config": WIDE, "seq_len": 2048, "packing": True, "gpus": {"count": 1}}
+    even = plan(tmp_path, tiny_catalog([offer("rtx-3090", 1.0), offer("h100-sxm", 1.0)]), **wide)
     speed = {o["gpu"]: o["tokens_per_second"] for o in even["options"]}
     ratio = speed["h100-sxm"] / speed["rtx-3090"]
     assert ratio > 1.5  # the H100's roofline is several times the 3090's
     dear_per_hour = ratio * 0.8  # the H100 costs more per hour, less per run
-    document = plan(tmp_path, tiny_catalog([offer("rtx-3090", 1.0), offer("h100-sxm", dear_per_hour)]),
-                    gpus={"count": 1})
+    document = plan(tmp_path, tiny_catalog([offer("rtx-3090", 1.0), offer("h100-sxm", dear_per_hour)]), **wide)
     first, second = document["options"][:2]
     assert first["gpu"] == "h100-sxm" and first["usd_per_hour_total"] > second["usd_per_hour_total"]
     assert first["total_usd"] < second["total_usd"]
     assert first["pareto"] and not second["pareto"]  # slower and dearer: dominated
     timed = plan(tmp_path, tiny_catalog([offer("rtx-3090", 0.1), offer("h100-sxm", 10.0)]),
-                 PlanRequest(optimize="time"), gpus={"count": 1})
+                 PlanRequest(optimize="time"), **wide)
     assert [o["gpu"] for o in timed["options"]] == ["h100-sxm", "rtx-3090"]
     assert all(o["pareto"] for o in timed["options"])  # one cheaper, one faster
 
@@ -262,3 +263,18 @@ def test_an_unknown_ranking_is_a_user_error(tmp_path) -> None:
     with pytest.raises(TunecastError) as error:
         make_plan(loaded_spec(tmp_path, catalog), catalog, PlanRequest(optimize="price"), today=TODAY)
     assert error.value.field == "--optimize"
+
+
+def test_evaluation_adds_forward_passes_to_the_run(tmp_path) -> None:
+    catalog = tiny_catalog([offer("h100-sxm", 2.0)], slugs=("h100-sxm",))
+    plain = plan(tmp_path, catalog, gpus={"count": 1})["options"][0]
+    assert plain["eval_hours"] == 0
+    per_epoch = plan(tmp_path, catalog, gpus={"count": 1}, eval={"examples": 2_000_000})["options"][0]
+    # three epochs: three evaluations of a tenth of the training examples, forward passes only
+    assert per_epoch["eval_hours"] > 0 and per_epoch["hours"] > plain["hours"]
+    train_hours = plain["hours"]
+    assert per_epoch["eval_hours"] < 3 * 0.1 * train_hours * 0.6
+    often = plan(tmp_path, catalog, gpus={"count": 1},
+                 eval={"examples": 2_000_000, "every_steps": 1_000_000})["options"][0]
+    steps = 3 * 20_000_000 // 8
+    assert often["eval_hours"] == pytest.approx(per_epoch["eval_hours"] * (steps // 1_000_000) / 3, rel=0.01)

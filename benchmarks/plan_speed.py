@@ -1,0 +1,85 @@
+"""How long `tunecast plan` takes over the whole catalog: cold (nothing cached: traces), warm (the traced
+profiles cached, the plan itself computed afresh), and repeated (the plan cached).
+
+Target: a 70B model over the full catalog in under 10 s warm on a 2-core CPU. Each run is a fresh `tunecast`
+process, timed from start to exit, as a user would see it; the warm run also reports whether torch was
+imported (it should not be: cached profiles are plain JSON).
+
+Run:  .venv/bin/python benchmarks/plan_speed.py
+Writes docs/benchmarks/plan-speed.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from docsection import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "benchmarks" / "plan-speed.md"
+DATASET = ["--set", "dataset.examples=50000", "--set", "dataset.mean_tokens=600"]
+CASES = [
+    ("meta-llama/Llama-3.1-70B", ["--method", "qlora", "--seq-len", "2048", "--global-batch", "16", *DATASET]),
+    ("meta-llama/Llama-3.1-70B", ["--method", "lora", "--seq-len", "2048", "--global-batch", "16",
+                                  "--set", "plan.allow=fsdp", *DATASET]),
+    ("meta-llama/Llama-3.1-8B", ["--method", "lora", "--seq-len", "2048", "--global-batch", "16", *DATASET]),
+]
+PROBE = ("import sys\nfrom tunecast.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+         "sys.stderr.write('\\nTORCH=%s\\n' % ('torch' in sys.modules))\n")
+
+
+def timed(args: list[str], cache: str) -> tuple[float, bool, dict]:
+    start = time.perf_counter()
+    completed = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                               env={**os.environ, "TUNECAST_CACHE": cache}, check=False)
+    elapsed = time.perf_counter() - start
+    if '"options"' not in completed.stdout:
+        raise RuntimeError(completed.stderr[-2000:])
+    return elapsed, "TORCH=True" in completed.stderr, json.loads(completed.stdout)
+
+
+def main() -> int:
+    rows = []
+    for model, flags in CASES:
+        args = ["plan", "--model", model, *flags, "--json"]
+        with tempfile.TemporaryDirectory() as cache:
+            cold, _, document = timed(args, cache)
+            shutil.rmtree(Path(cache) / "plans")  # keep the traced profiles, drop the plan
+            warm, torch_warm, _ = timed(args, cache)
+            repeated, _, _ = timed(args, cache)
+        options = document["options"]
+        fitting = {(o["gpu"], o["gpu_count"]) for o in options if o["fits"]}
+        configurations = {(o["gpu"], o["gpu_count"]) for o in options}
+        priced = sum(1 for o in options if o["total_usd"] is not None)
+        rows.append((model, " ".join(flags[:-len(DATASET)]), len(configurations), len(fitting), priced,
+                     cold, warm, repeated, torch_warm))
+        print(f"{model} {' '.join(flags)}: cold {cold:.1f} s, warm {warm:.2f} s, cached {repeated:.2f} s, "
+              f"torch imported warm: {torch_warm}", flush=True)
+    lines = [
+        f"Measured with `.venv/bin/python benchmarks/plan_speed.py` on {time.strftime('%Y-%m-%d')}: "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. Each figure is one "
+        "fresh `tunecast plan … --json` process, start to exit, over every GPU of the catalog and 1, 2, 4 and 8 "
+        "GPUs, priced on every offer (on-demand and spot); dataset declared as 50,000 examples of 600 tokens.",
+        "",
+        "| model | flags | GPU × count tried | that fit | priced options | cold s (traces) | warm s (profiles "
+        "cached) | plan cached s | torch imported when warm |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [f"| {m} | `{f}` | {tried} | {fit} | {priced} | {cold:.1f} | {warm:.2f} | {cached:.2f} | "
+              f"{'yes' if torch_warm else 'no'} |" for m, f, tried, fit, priced, cold, warm, cached, torch_warm in rows]
+    slowest_warm = max(r[6] for r in rows)
+    lines += ["", f"Slowest warm: {slowest_warm:.2f} s (target < 10 s for a 70B model)."]
+    write_section(DOC, "plan-speed", "# Plan speed\n\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The step-time model: each term against the arithmetic it stands for, and the regimes it must tell apart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.models import tiny_llama
+
+from tunecast.catalog.store import load_catalog
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.profiles import get_profiles
+from tunecast.estimate.settings import TraceSettings
+from tunecast.plan.throughput import DEQUANTIZE_BYTES_PER_WEIGHT, forward_seconds, matmul_seconds, step_time
+
+# Wide enough that long sequences are compute-bound, small enough to trace in seconds.
+CONFIG = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
+# At 8B's width, where the weight-gradient matmuls LoRA skips outweigh its adapters' memory-bound operations
+# (at width 1024 they do not: the dropout, scaling and addition on every adapted Linear cost more).
+WIDE = tiny_llama(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+
+
+@pytest.fixture(autouse=True)
+def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+
+
+@pytest.fixture(scope="module")
+def catalog():  # type: ignore[no-untyped-def]
+    return load_catalog(None)
+
+
+def step(catalog, gpu: str = "h100-sxm", batch: int = 4, seq: int = 1024, count: int = 1, accum: int = 1,
+         checkpointing: bool = False, config: Any = CONFIG, **changes: Any):  # type: ignore[no-untyped-def]
+    spec = RunSpec.model_validate({"model": "x", "micro_batch": batch, "seq_len": seq, **changes})
+    pair = get_profiles(config, TraceSettings.from_spec(spec, grad_checkpointing=checkpointing), batch, seq)
+    return step_time(spec, pair, catalog.gpus.get(gpu), catalog.throughput, micro_batch=batch, seq=seq,
+                     grad_accum=accum, gpu_count=count, grad_checkpointing=checkpointing), spec, pair
+
+
+def test_matmul_roofline_counts_passes_and_falls_to_memory_speed() -> None:
+    linear = ((4096, 4096, True),)
+    flops_per_s, bytes_per_s = 1e15, 1e12
+    seconds, flops = matmul_seconds(linear, 8192, passes=1, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s,
+                                    element=2)
+    assert flops == 3 * 2 * 8192 * 4096 * 4096  # forward, input gradient, weight gradient
+    assert seconds == pytest.approx(flops / flops_per_s)  # compute-bound
+    _, frozen_flops = matmul_seconds(((4096, 4096, False),), 8192, passes=2, flops_per_s=flops_per_s,
+                                     bytes_per_s=bytes_per_s, element=2)
+    assert frozen_flops == 3 * 2 * 8192 * 4096 * 4096  # no weight gradient, one recomputed forward
+    one_token, _ = matmul_seconds(linear, 1, passes=1, flops_per_s=flops_per_s, bytes_per_s=bytes_per_s, element=2)
+    assert one_token == pytest.approx(3 * 2 * (4096 + 4096 * 4096 + 4096) / bytes_per_s)  # memory-bound
+
+
+def test_lora_skips_weight_gradients_and_checkpointing_recomputes(catalog) -> None:
+    full, _, _ = step(catalog, method="full", config=WIDE)
+    lora, _, _ = step(catalog, method="lora", lora={"fp32_adapters": False}, config=WIDE)
+    assert lora.compute_s < full.compute_s
+    full, _, _ = step(catalog, method="full")
+    recomputed, _, _ = step(catalog, method="full", checkpointing=True)
+    assert 1.15 < recomputed.compute_s / full.compute_s < 1.45  # about (6N + 2N) / 6N, attention aside
+
+
+def test_peft_fp32_adapters_cost_memory_traffic(catalog) -> None:
+    bf16, _, _ = step(catalog, method="lora", lora={"fp32_adapters": False})
+    fp32, _, _ = step(catalog, method="lora")
+    assert fp32.compute_s > bf16.compute_s * 1.1
+
+
+def test_faster_cards_and_fp8(catalog) -> None:
+    h100, _, _ = step(catalog, "h100-sxm", method="full")
+    a100, _, _ = step(catalog, "a100-80gb", method="full")
+    assert h100.compute_s < a100.compute_s
+    fp8, _, _ = step(catalog, "h100-sxm", method="full", precision="fp8")
+    assert fp8.compute_s < h100.compute_s
+    no_fp8, _, _ = step(catalog, "a100-80gb", method="full", precision="fp8")  # the A100 has no FP8 cores
+    assert no_fp8.compute_s == pytest.approx(a100.compute_s, rel=0.01)
+
+
+def test_small_micro_batches_are_bound_by_dispatch(catalog) -> None:
+    small, _, pair = step(catalog, batch=1, seq=32, method="lora")
+    large, _, _ = step(catalog, batch=4, seq=1024, method="lora")
+    assert small.dispatch_s > 0 and large.dispatch_s == 0
+    # kernels counted in the traced shallow models, extrapolated in depth like every other term
+    shallow, deeper = (p.flops_at(1, 32)["kernels"] for p in (pair.shallow, pair.deeper))
+    assert deeper > shallow > 100
+    kernels = shallow + (deeper - shallow) * (pair.layers - pair.shallow.layers) / (
+        pair.deeper.layers - pair.shallow.layers)
+    # when dispatch-bound, the step takes what the CPU needs to dispatch its kernels
+    dispatch = catalog.throughput.get("op_dispatch_us") * 1e-6
+    assert small.compute_s + small.dispatch_s == pytest.approx(kernels * dispatch)
+
+
+def test_qlora_dequantizes_every_pass(catalog) -> None:
+    plain, _, pair = step(catalog, method="qlora")
+    checkpointed, _, _ = step(catalog, method="qlora", checkpointing=True)
+    gpu = catalog.gpus.get("h100-sxm")
+    bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * catalog.throughput.get("memory_efficiency")
+    quantized = pair.deeper.facts.quantizable_numel * pair.layers / pair.deeper.layers
+    assert plain.dequantize_s == pytest.approx(2 * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / bandwidth, rel=0.01)
+    assert checkpointed.dequantize_s == pytest.approx(1.5 * plain.dequantize_s)
+
+
+def test_communication_by_strategy_and_link(catalog) -> None:
+    single, _, _ = step(catalog, method="full", accum=1)
+    assert single.communication_s == 0
+    nvlink, _, _ = step(catalog, "h100-sxm", method="full", count=8, batch=1, seq=128, gpus={"strategy": "ddp"})
+    pcie, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, gpus={"strategy": "ddp"})
+    assert 0 < nvlink.communication_s < pcie.communication_s
+    fsdp, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4,
+                      gpus={"strategy": "fsdp"})
+    zero2, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4,
+                       gpus={"strategy": "zero2"})
+    assert fsdp.communication_s > zero2.communication_s  # FSDP gathers the parameters every micro-batch
+
+
+def test_offload_moves_the_optimizer_over_pcie(catalog) -> None:
+    local, _, _ = step(catalog, method="full", count=2, gpus={"strategy": "fsdp"})
+    offloaded, _, _ = step(catalog, method="full", count=2, gpus={"strategy": "fsdp", "offload": "optimizer"})
+    assert offloaded.optimizer_s > 10 * local.optimizer_s
+
+
+def test_evaluation_is_a_fraction_of_a_training_step(catalog) -> None:
+    training, spec, pair = step(catalog, method="full")
+    forward = forward_seconds(spec, pair, catalog.gpus.get("h100-sxm"), catalog.throughput, micro_batch=4, seq=1024)
+    assert 0.25 * training.compute_s < forward < 0.5 * training.compute_s
