@@ -62,6 +62,9 @@ class Configuration:
     eval_hours: float
     changes: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
+    # the largest micro-batch that fits, where memory holds it at SMALL_MICRO_BATCH or below although the
+    # global batch gives each GPU more sequences per step; None when memory does not hold it down
+    memory_bound_micro_batch: int | None = None
 
 
 @dataclass
@@ -181,13 +184,25 @@ class Planner:
             if least.device_total_gib > capacity:
                 continue
             for checkpointing in checkpointing_options:
-                for micro_batch in micro_batches:
+                fitting: list[Configuration] = []
+                for micro_batch in micro_batches:  # largest first: once one fits, every smaller one does
                     memory = self._estimate(candidate, gpu, micro_batch, checkpointing)
                     if smallest is None or memory.device_total_gib < smallest.device_total_gib:
                         smallest = memory
-                    if memory.device_total_gib <= capacity:
-                        return self._configuration(gpu, count, candidate, micro_batch, per_gpu // micro_batch,
-                                                   checkpointing, memory, tuple(names))
+                    if fitting or memory.device_total_gib <= capacity:
+                        fitting.append(self._configuration(gpu, count, candidate, micro_batch,
+                                                           per_gpu // micro_batch, checkpointing, memory,
+                                                           tuple(names)))
+                if fitting:
+                    # the largest micro-batch is not always the fastest: unpacked, it pads every sequence to
+                    # the longest of more examples
+                    best = max(fitting, key=lambda c: c.tokens_per_second)
+                    largest = fitting[0].micro_batch
+                    if largest <= SMALL_MICRO_BATCH < per_gpu:
+                        best.memory_bound_micro_batch = largest
+                        best.notes.insert(0, f"only a micro-batch of {largest} fits: slower steps, noisier "
+                                             "statistics")
+                    return best
         assert smallest is not None
         over = smallest.device_total_gib - capacity
         tried = f" (tried: {', '.join(names)})" if names else ""
@@ -209,8 +224,6 @@ class Planner:
         eval_s = self._eval_seconds(spec, pair, gpu, count, micro_batch, sequence, steps)
         hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
         notes = []
-        if micro_batch <= SMALL_MICRO_BATCH and self.global_batch() // count > SMALL_MICRO_BATCH:
-            notes.append(f"only a micro-batch of {micro_batch} fits: slower steps, noisier statistics")
         if checkpointing and not self.spec.fixed("grad_checkpointing"):
             notes.append("gradient checkpointing needed to fit")
         return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,

@@ -21,7 +21,7 @@ from tunecast.plan.planner import Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
-PLAN_FORMAT = 2
+PLAN_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -134,16 +134,18 @@ def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
                       f"preemptions and checkpoints every {cheapest.cost.checkpoint_interval_hours * 60:.0f} min; "
                       "it resumes from the last checkpoint after each.")
     configuration = cheapest.configuration
-    if configuration is not None and configuration.micro_batch <= 2:
-        larger = [o for o in priced if o.configuration is not None and o.configuration.micro_batch > 2
+    limited = configuration.memory_bound_micro_batch if configuration is not None else None
+    if limited is not None:
+        larger = [o for o in priced if o.configuration is not None and o.configuration.memory_bound_micro_batch is None
+                  and o.configuration.micro_batch > limited
                   and o.cost is not None and o.cost.total_usd <= cheapest.cost.total_usd * 1.25]  # type: ignore[union-attr]
         if larger:
             best = min(larger, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
-            advice.append(f"The cheapest run fits only a micro-batch of {configuration.micro_batch}; "
+            advice.append(f"The cheapest run fits only a micro-batch of {limited}; "
                           f"{_describe(best)} runs micro-batch {best.configuration.micro_batch} "  # type: ignore[union-attr]
                           "for at most 25% more, with steadier steps.")
         else:
-            advice.append(f"The cheapest run fits only a micro-batch of {configuration.micro_batch}: steps are slower "
+            advice.append(f"The cheapest run fits only a micro-batch of {limited}: steps are slower "
                           "and noisier; a card with more memory may be worth its price.")
     return advice
 
