@@ -176,16 +176,23 @@ class Planner:
                 applied.update(step[1])
                 names.append(step[0])
             candidate = _apply(base, applied) if applied else base
+            sizes = micro_batches
+            if candidate.optimizer_in_backward:
+                # the optimizer steps inside the backward pass: no gradient accumulation, so one micro-batch
+                # holds every sequence of the GPU's share of the step
+                sizes = [size for size in micro_batches if size == per_gpu]
+                if not sizes:
+                    continue
             # memory grows with the micro-batch and without checkpointing: when the smallest form does not
             # fit, no other does
-            least = self._estimate(candidate, gpu, min(micro_batches), max(checkpointing_options))
+            least = self._estimate(candidate, gpu, min(sizes), max(checkpointing_options))
             if smallest is None or least.device_total_gib < smallest.device_total_gib:
                 smallest = least
             if least.device_total_gib > capacity:
                 continue
             for checkpointing in checkpointing_options:
                 fitting: list[Configuration] = []
-                for micro_batch in micro_batches:  # largest first: once one fits, every smaller one does
+                for micro_batch in sizes:  # largest first: once one fits, every smaller one does
                     memory = self._estimate(candidate, gpu, micro_batch, checkpointing)
                     if smallest is None or memory.device_total_gib < smallest.device_total_gib:
                         smallest = memory
@@ -203,7 +210,9 @@ class Planner:
                         best.notes.insert(0, f"only a micro-batch of {largest} fits: slower steps, noisier "
                                              "statistics")
                     return best
-        assert smallest is not None
+        if smallest is None:
+            return (f"optimizer_in_backward accumulates no gradients, so the micro-batch must be the {per_gpu} "
+                    f"sequences per GPU per step, not {spec.micro_batch}")
         over = smallest.device_total_gib - capacity
         tried = f" (tried: {', '.join(names)})" if names else ""
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "

@@ -17,7 +17,8 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   counts the operations); the GPU works through its queue asynchronously, so this shows only where it
   exceeds the GPU's work — micro-batches of a few hundred tokens;
 * the optimizer step: a fused pass over parameters, gradients and states at the bandwidth; CPU offload moves
-  gradients and parameters over PCIe instead;
+  gradients and parameters over PCIe instead; stepped in the backward pass (`optimizer_in_backward`), the same
+  bytes, its per-parameter kernels counted among the traced step's dispatches;
 * activation offload: saved activations to CPU RAM and back over PCIe, overlapped with compute;
 * several GPUs: DDP's ring all-reduce of gradients; ZeRO-2's reduce-scatter of gradients and all-gather of the
   updated parameters; FSDP's (and ZeRO-3's) all-gathers of parameters (forward and backward) and

@@ -141,6 +141,19 @@ def test_what_the_user_fixed_is_honoured(tmp_path) -> None:
     assert {o["gpu_count"] for o in counted["options"]} == {2}
 
 
+def test_optimizer_in_backward_takes_the_whole_share_in_one_micro_batch(tmp_path) -> None:
+    catalog = tiny_catalog([offer("h100-sxm", 2.0)])
+    document = plan(tmp_path, catalog, optimizer_in_backward=True)
+    fitting = [o for o in document["options"] if o["fits"]]
+    assert {o["gpu_count"] for o in fitting} == {1, 2, 4, 8}
+    assert all(o["grad_accum"] == 1 and o["micro_batch"] == 8 // o["gpu_count"] for o in fitting)
+    # a fixed micro-batch that cannot hold the share is refused with the reason
+    fixed = plan(tmp_path, catalog, optimizer_in_backward=True, micro_batch=2)
+    single = next(o for o in fixed["options"] if o["gpu_count"] == 1)
+    assert not single["fits"] and "optimizer_in_backward" in single["notes"][0]
+    assert next(o for o in fixed["options"] if o["gpu_count"] == 4)["fits"]
+
+
 def _device_gib(tmp_path: Path, catalog: Catalog, gpu: str, micro_batch: int, checkpointing: bool,
                 **changes: Any) -> float:
     loaded = loaded_spec(tmp_path, catalog, WIDER, **changes)
