@@ -7,7 +7,8 @@ Cross-field rules live in `checks.py`; reading YAML and applying overrides lives
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -310,6 +311,17 @@ class RunSpec(_Section):
 
     plan: PlanSpec = Field(default_factory=PlanSpec)
     """What the planner may change by itself."""
+
+    def with_changes(self, changes: Mapping[str, Any]) -> RunSpec:
+        """A copy with `changes` (dotted keys, as `--set` takes them: `gpus.strategy`) applied and validated."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            section, _, leaf = key.partition(".")
+            if leaf:
+                data[section][leaf] = value
+            else:
+                data[key] = value
+        return RunSpec.model_validate(data)
 
     def fixed(self, dotted_key: str) -> bool:
         """True when the user set this key (in the file or on the command line) rather than the default."""

@@ -104,17 +104,6 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
                      max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings))
 
 
-def _with(spec: RunSpec, **changes: Any) -> RunSpec:
-    data = spec.model_dump()
-    for key, value in changes.items():
-        section, _, leaf = key.partition("__")
-        if leaf:
-            data[section][leaf] = value
-        else:
-            data[key] = value
-    return RunSpec.model_validate(data)
-
-
 def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, max_batch: int) -> list[Suggestion]:
     """Single changes first, each with its estimated peak; then changes combined until the run fits."""
     candidates: list[tuple[str, dict[str, Any]]] = []
@@ -141,11 +130,11 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
         candidates.append((f"micro-batch {smaller} with gradient accumulation {per_step // smaller}",
                            {"micro_batch": smaller, "grad_accum": per_step // smaller}))
     candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
-                       {"gpus__strategy": "fsdp", "gpus__offload": "params"}))
+                       {"gpus.strategy": "fsdp", "gpus.offload": "params"}))
     found = []
     for change, settings in candidates:
-        peak = total(_with(spec, **settings), exact=True)
-        found.append(Suggestion(change, _public(settings), peak, peak <= capacity))
+        peak = total(spec.with_changes(settings), exact=True)
+        found.append(Suggestion(change, settings, peak, peak <= capacity))
     sharded = _fewest_gpus(spec, total, capacity)
     if sharded is not None:
         found.append(sharded)
@@ -160,9 +149,9 @@ def _fewest_gpus(spec: RunSpec, total: Callable[..., float], capacity: float) ->
     for count in (2, 4, 8):
         if count <= spec.gpus.count:
             continue
-        settings = {"gpus__count": count, "gpus__strategy": "fsdp"}
-        peak = total(_with(spec, **settings), exact=True)
-        last = Suggestion(f"shard over {count} GPUs with FSDP", _public(settings), peak, peak <= capacity)
+        settings = {"gpus.count": count, "gpus.strategy": "fsdp"}
+        peak = total(spec.with_changes(settings), exact=True)
+        last = Suggestion(f"shard over {count} GPUs with FSDP", settings, peak, peak <= capacity)
         if last.fits:
             break
     return last
@@ -185,13 +174,9 @@ def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> li
             continue
         applied.update(settings)
         names.append(name)
-        peak = total(_with(spec, **applied), exact=True)
+        peak = total(spec.with_changes(applied), exact=True)
         if peak <= capacity:
-            return [Suggestion("combine " + " + ".join(names), _public(applied), peak, True)]
-    return [Suggestion("combine " + " + ".join(names), _public(applied), total(_with(spec, **applied), exact=True),
+            return [Suggestion("combine " + " + ".join(names), applied, peak, True)]
+    return [Suggestion("combine " + " + ".join(names), applied, total(spec.with_changes(applied), exact=True),
                        False)]
 
-
-def _public(settings: dict[str, Any]) -> dict[str, Any]:
-    """Settings as dotted RunSpec keys, as `--set` takes them."""
-    return {key.replace("__", "."): value for key, value in settings.items()}

@@ -110,17 +110,6 @@ class Option:
         return document
 
 
-def _apply(spec: RunSpec, changes: dict[str, Any]) -> RunSpec:
-    data = spec.model_dump()
-    for key, value in changes.items():
-        section, _, leaf = key.partition(".")
-        if leaf:
-            data[section][leaf] = value
-        else:
-            data[key] = value
-    return RunSpec.model_validate(data)
-
-
 def _divisors(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
@@ -164,7 +153,7 @@ class Planner:
             checkpointing_options = [False, True]
         else:
             checkpointing_options = [bool(spec.grad_checkpointing)]
-        base = _apply(spec, {"gpus.count": count, "gpus.gpu": gpu.slug})
+        base = spec.with_changes({"gpus.count": count, "gpus.gpu": gpu.slug})
         allowed = [(name, change) for name, change in ALLOWED_CHANGES if name in spec.plan.allow
                    and _applicable(name, base, count)]
         capacity = gpu.usable_memory_gib * (1 - spec.plan.memory_margin)
@@ -175,7 +164,7 @@ class Planner:
             if step is not None:
                 applied.update(step[1])
                 names.append(step[0])
-            candidate = _apply(base, applied) if applied else base
+            candidate = base.with_changes(applied) if applied else base
             sizes = micro_batches
             if candidate.optimizer_in_backward:
                 # the optimizer steps inside the backward pass: no gradient accumulation, so one micro-batch
