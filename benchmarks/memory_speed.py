@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from clitiming import timed
 from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -25,19 +24,6 @@ DOC = REPO / "docs" / "benchmarks" / "memory-speed.md"
 MODELS = ["Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B", "mistralai/Mixtral-8x7B-v0.1", "meta-llama/Llama-3.1-70B",
           "Qwen/Qwen3-235B-A22B", "meta-llama/Llama-3.1-405B"]
 ARGS = ["--method", "lora", "--micro-batch", "1", "--seq-len", "2048", "--json"]
-# Reports whether torch got imported, after the command ran in this process.
-PROBE = ("import sys\nfrom tunecast.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-         "sys.stderr.write('\\nTORCH=%s\\n' % ('torch' in sys.modules))\n")
-
-
-def timed(args: list[str], cache: str) -> tuple[float, bool]:
-    start = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                               env={**os.environ, "TUNECAST_CACHE": cache}, check=False)
-    elapsed = time.perf_counter() - start
-    if '"peak_phase"' not in completed.stdout:
-        raise RuntimeError(completed.stderr[-2000:])
-    return elapsed, "TORCH=True" in completed.stderr
 
 
 def main() -> int:
@@ -46,8 +32,8 @@ def main() -> int:
         for gpu in ([], ["--gpu", "h100-sxm"]):
             with tempfile.TemporaryDirectory() as cache:
                 args = ["memory", "--model", model, *ARGS, *gpu]
-                cold, _ = timed(args, cache)
-                warm, torch_imported = timed(args, cache)
+                cold, _, _ = timed(args, cache, '"peak_phase"')
+                warm, torch_imported, _ = timed(args, cache, '"peak_phase"')
             rows.append((model, "with --gpu h100-sxm (limits, suggestions)" if gpu else "estimate", cold, warm,
                          torch_imported))
             print(f"{model} {'fit' if gpu else 'estimate'}: cold {cold:.1f} s, warm {warm:.2f} s, "

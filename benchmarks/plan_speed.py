@@ -15,12 +15,11 @@ import json
 import os
 import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from clitiming import timed
 from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,18 +31,6 @@ CASES = [
                                   "--set", "plan.allow=fsdp", *DATASET]),
     ("meta-llama/Llama-3.1-8B", ["--method", "lora", "--seq-len", "2048", "--global-batch", "16", *DATASET]),
 ]
-PROBE = ("import sys\nfrom tunecast.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-         "sys.stderr.write('\\nTORCH=%s\\n' % ('torch' in sys.modules))\n")
-
-
-def timed(args: list[str], cache: str) -> tuple[float, bool, dict]:
-    start = time.perf_counter()
-    completed = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
-                               env={**os.environ, "TUNECAST_CACHE": cache}, check=False)
-    elapsed = time.perf_counter() - start
-    if '"options"' not in completed.stdout:
-        raise RuntimeError(completed.stderr[-2000:])
-    return elapsed, "TORCH=True" in completed.stderr, json.loads(completed.stdout)
 
 
 def main() -> int:
@@ -51,10 +38,11 @@ def main() -> int:
     for model, flags in CASES:
         args = ["plan", "--model", model, *flags, "--json"]
         with tempfile.TemporaryDirectory() as cache:
-            cold, _, document = timed(args, cache)
+            cold, _, stdout = timed(args, cache, '"options"')
+            document = json.loads(stdout)
             shutil.rmtree(Path(cache) / "plans")  # keep the traced profiles, drop the plan
-            warm, torch_warm, _ = timed(args, cache)
-            repeated, _, _ = timed(args, cache)
+            warm, torch_warm, _ = timed(args, cache, '"options"')
+            repeated, _, _ = timed(args, cache, '"options"')
         options = document["options"]
         fitting = {(o["gpu"], o["gpu_count"]) for o in options if o["fits"]}
         configurations = {(o["gpu"], o["gpu_count"]) for o in options}
