@@ -80,28 +80,22 @@ def main() -> int:
     (OUT / "alpaca.json").write_text(json.dumps(alpaca, indent=4, ensure_ascii=False) + "\n")
     (OUT / "alpaca.jsonl").write_text("".join(json.dumps(r) + "\n" for r in alpaca))
 
-    sharegpt = []
-    for _ in range(30):
+    def dialogue(role: str, text: str, names: tuple[str, str, str]) -> list[dict[str, str]]:
+        """A conversation with an optional system turn and 1-3 exchanges, in one layout's key names."""
+        system_name, user_name, assistant_name = names
         turns = []
         system = rng.choice(systems)
         if system:
-            turns.append({"from": "system", "value": system})
+            turns.append({role: system_name, text: system})
         for _ in range(rng.randint(1, 3)):
             q, a = task(rng)
-            turns += [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
-        sharegpt.append({"conversations": turns})
+            turns += [{role: user_name, text: q}, {role: assistant_name, text: a}]
+        return turns
+
+    sharegpt = [{"conversations": dialogue("from", "value", ("system", "human", "gpt"))} for _ in range(30)]
     (OUT / "sharegpt.json").write_text(json.dumps(sharegpt, indent=2) + "\n")
 
-    messages = []
-    for _ in range(40):
-        turns = []
-        system = rng.choice(systems)
-        if system:
-            turns.append({"role": "system", "content": system})
-        for _ in range(rng.randint(1, 3)):
-            q, a = task(rng)
-            turns += [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
-        messages.append({"messages": turns})
+    messages = [{"messages": dialogue("role", "content", ("system", "user", "assistant"))} for _ in range(40)]
     (OUT / "messages.jsonl").write_text("".join(json.dumps(r) + "\n" for r in messages))
 
     import datasets
