@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,8 @@ class Workload:
     packing_efficiency: float = 1.0
     seed: int = 42
     eval_examples: int = 0  # evaluated each time (held out of a dataset file)
+    # tokens_per_sequence by micro-batch: the planner asks for each micro-batch on every GPU and count
+    _padded: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def mean_tokens(self) -> float:
@@ -63,13 +65,15 @@ class Workload:
             return float(self.seq_len)
         if self.lengths is None:
             return self.processed_tokens / self.examples  # declared: no length distribution, no padding
-        order = list(range(len(self.lengths)))
-        random.Random(self.seed).shuffle(order)
-        padded = 0
-        for start in range(0, len(order), micro_batch):
-            batch = order[start:start + micro_batch]
-            padded += len(batch) * max(self.lengths[i] for i in batch)
-        return padded / len(order)
+        if micro_batch not in self._padded:
+            order = list(range(len(self.lengths)))
+            random.Random(self.seed).shuffle(order)
+            padded = 0
+            for start in range(0, len(order), micro_batch):
+                batch = order[start:start + micro_batch]
+                padded += len(batch) * max(self.lengths[i] for i in batch)
+            self._padded[micro_batch] = padded / len(order)
+        return self._padded[micro_batch]
 
     def real_fraction(self, micro_batch: int) -> float:
         """Share of computed tokens that are real (not padding)."""
