@@ -103,10 +103,13 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
     expected = 0.0
     if spot:
         published = offer.spot_interruptions_per_hour
-        lam = interruptions_override or published or default_interruptions_per_hour
+        # an override of 0 (no preemptions) is a rate like any other
+        lam = next(rate for rate in (interruptions_override, published, default_interruptions_per_hour)
+                   if rate is not None)
         if interruptions_override is None and published is None:
             notes.append(f"no published preemption rate: {lam:g} per hour assumed")
-        interval = shape.fixed_interval_hours or young_daly_interval(shape.checkpoint_write_hours, lam)
+        interval = shape.fixed_interval_hours or (young_daly_interval(shape.checkpoint_write_hours, lam) if lam
+                                                  else ON_DEMAND_CHECKPOINT_HOURS)
         writes = shape.train_hours / interval * shape.checkpoint_write_hours
         # Expected preemptions over the run, each losing half an interval of work and a restart.
         expected = lam * (base_hours + writes)

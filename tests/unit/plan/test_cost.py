@@ -102,6 +102,11 @@ def test_published_rate_and_override() -> None:
                            default_interruptions_per_hour=0.5, today=TODAY, interruptions_override=1.0)
     assert published is not None and overridden is not None
     assert published.expected_preemptions == pytest.approx(0.1) and overridden.expected_preemptions == pytest.approx(10)
+    # an override of 0 means no preemptions, not "use the published rate"
+    calm = price_run(shape(checkpoint_write_hours=0.01), offer(spot_interruptions_per_hour=0.01), spot=True,
+                     default_interruptions_per_hour=0.5, today=TODAY, interruptions_override=0.0)
+    assert calm is not None and calm.expected_preemptions == 0 and calm.preemption_usd == 0
+    assert calm.checkpoint_interval_hours == pytest.approx(0.5)  # the on-demand interval
 
 
 def test_no_spot_price_no_spot_option_and_stale_prices_flagged() -> None:
