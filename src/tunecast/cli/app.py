@@ -68,13 +68,14 @@ def state(ctx: typer.Context) -> State:
 
 
 def _register() -> None:
-    from tunecast.cli import catalog_cmds, config_cmds, data_cmds, estimate_cmds, plan_cmds
+    from tunecast.cli import catalog_cmds, config_cmds, data_cmds, estimate_cmds, plan_cmds, train_cmds
 
     catalog_cmds.register(app)
     config_cmds.register(app)
     estimate_cmds.register(app)
     data_cmds.register(app)
     plan_cmds.register(app)
+    train_cmds.register(app)
 
 
 _register()

@@ -43,7 +43,7 @@ def _summary(loaded: LoadedSpec) -> list[tuple[str, str]]:
         method += f" (rank {spec.lora.rank}, alpha {spec.lora.alpha}, {targets}{', DoRA' if spec.lora.dora else ''})"
     rows.append(("method", method))
     rows.append(("precision", f"{spec.precision}, optimizer {spec.optimizer}"))
-    per_step = spec.global_batch or spec.micro_batch * spec.grad_accum * spec.gpus.count
+    per_step = spec.global_batch or spec.micro_batch_size * spec.grad_accum * spec.gpus.count
     rows.append(("batch", f"micro_batch {spec.micro_batch} × {spec.seq_len} tokens; {per_step} sequences "
                           "per optimizer step"))
     gpu = f"{spec.gpus.count} × {loaded.gpu.slug}" if loaded.gpu else f"{spec.gpus.count} × any GPU"

@@ -39,7 +39,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("lora_targets", "lora.targets", ("--lora-targets",), str),
     Flag("precision", "precision", ("--precision",), str),
     Flag("optimizer", "optimizer", ("--optimizer",), str),
-    Flag("micro_batch", "micro_batch", ("--micro-batch",), int),
+    Flag("micro_batch", "micro_batch", ("--micro-batch",), str),
     Flag("grad_accum", "grad_accum", ("--grad-accum",), int),
     Flag("global_batch", "global_batch", ("--global-batch",), int),
     Flag("seq_len", "seq_len", ("--seq-len",), int),
@@ -53,6 +53,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("strategy", "gpus.strategy", ("--strategy",), str),
     Flag("offload", "gpus.offload", ("--offload",), str),
     Flag("output", "output", ("--output", "-o"), str),
+    Flag("usd_per_hour", "pricing.usd_per_hour", ("--usd-per-hour",), float),
 )
 
 

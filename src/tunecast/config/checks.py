@@ -24,7 +24,7 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
             "keep global_batch (sequences per optimizer step) and remove grad_accum, or the reverse")
     if spec.global_batch is not None:
         data_parallel = spec.gpus.count
-        per_step = spec.micro_batch * data_parallel if spec.fixed("micro_batch") else data_parallel
+        per_step = spec.micro_batch_size * data_parallel if spec.fixed("micro_batch") else data_parallel
         if spec.global_batch % per_step:
             what = f"micro_batch × gpus.count = {per_step}" if spec.fixed("micro_batch") else (
                 f"gpus.count = {per_step}")

@@ -28,6 +28,7 @@ PlanAllowance = Literal[
 ]
 
 PositiveInt = Annotated[int, Field(ge=1)]
+DEFAULT_MICRO_BATCH = 8
 
 
 def _name_list(value: object, expected: str) -> list[str]:
@@ -178,6 +179,11 @@ class PricingSpec(_Section):
     providers: list[str] = Field(default_factory=list, examples=[["lambda", "runpod"]])
     """Only these providers (names as in `tunecast offers`). Default: all."""
 
+    usd_per_hour: float | None = Field(None, ge=0, examples=[2.49])
+    """What the machine a run trains on costs per hour, all its GPUs together: `tunecast train` reports the
+    cost so far and at the end at this price. Default: unset (train then uses the cheapest on-demand offer
+    of the GPU it runs on, and says so)."""
+
     @field_validator("providers", mode="before")
     @classmethod
     def _providers(cls, value: object) -> object:
@@ -228,8 +234,10 @@ class RunSpec(_Section):
     optimizer_in_backward: bool = False
     """Step the optimizer inside the backward pass, freeing each gradient at once. Default false."""
 
-    micro_batch: PositiveInt = Field(8, examples=[4])
-    """Sequences per GPU per forward pass. Default 8, as transformers' per_device_train_batch_size."""
+    micro_batch: PositiveInt | Literal["auto"] = Field(8, examples=[4, "auto"])
+    """Sequences per GPU per forward pass, or `auto`: `tunecast train` takes the largest that fits the device
+    it runs on (with `plan.memory_margin` left free, and gradient accumulation to keep the global batch);
+    `plan` and `memory` treat `auto` as left open. Default 8, as transformers' per_device_train_batch_size."""
 
     grad_accum: PositiveInt = Field(1, examples=[4])
     """Micro-batches accumulated per optimizer step. Default 1, as transformers'
@@ -290,6 +298,9 @@ class RunSpec(_Section):
     seed: int = Field(42, ge=0, examples=[1234])
     """Seed for every random number generator. Default 42, as transformers."""
 
+    log_every_steps: PositiveInt = Field(1, examples=[10])
+    """`tunecast train` writes a line to metrics.jsonl every this many optimizer steps. Default 1."""
+
     dataset: DatasetSpec = Field(default_factory=DatasetSpec)
     """The training data, or its declared size."""
 
@@ -323,8 +334,17 @@ class RunSpec(_Section):
                 data[key] = value
         return RunSpec.model_validate(data)
 
+    @property
+    def micro_batch_size(self) -> int:
+        """The micro-batch where a number is needed before one is chosen: `micro_batch`, or for `auto` the
+        default (8) until the planner or the trainer chooses."""
+        return DEFAULT_MICRO_BATCH if self.micro_batch == "auto" else self.micro_batch
+
     def fixed(self, dotted_key: str) -> bool:
-        """True when the user set this key (in the file or on the command line) rather than the default."""
+        """True when the user set this key (in the file or on the command line) rather than the default;
+        `micro_batch: auto` leaves the micro-batch open."""
+        if dotted_key == "micro_batch" and self.micro_batch == "auto":
+            return False
         node: BaseModel = self
         *parents, leaf = dotted_key.split(".")
         for part in parents:

@@ -95,7 +95,7 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
     max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)
     fits = estimate.device_total_gib <= capacity
     warnings: list[str] = []
-    if 1 <= max_batch <= SMALL_MICRO_BATCH and spec.micro_batch > max_batch:
+    if 1 <= max_batch <= SMALL_MICRO_BATCH and spec.micro_batch_size > max_batch:
         warnings.append(
             f"only a micro-batch of {max_batch} fits: training gets slower and noisier (make up the batch with "
             "gradient accumulation), and a card with more memory may be the better buy")
@@ -123,9 +123,9 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
         candidates.append(("compute the loss in chunks", {"loss": "chunked"}))
     if not spec.activation_offload:
         candidates.append(("offload activations to CPU RAM", {"activation_offload": True}))
-    if 1 <= max_batch < spec.micro_batch:
+    if 1 <= max_batch < spec.micro_batch_size:
         # The largest micro-batch that fits and divides the sequences per step, so the batch stays the same.
-        per_step = spec.micro_batch * spec.grad_accum
+        per_step = spec.micro_batch_size * spec.grad_accum
         smaller = max(d for d in range(1, max_batch + 1) if per_step % d == 0)
         candidates.append((f"micro-batch {smaller} with gradient accumulation {per_step // smaller}",
                            {"micro_batch": smaller, "grad_accum": per_step // smaller}))
@@ -164,7 +164,7 @@ def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> li
         ("chunked loss", {"loss": "chunked"}),
         ("8-bit AdamW", {"optimizer": "adamw-8bit"} if spec.optimizer == "adamw" else {}),
         ("QLoRA", {"method": "qlora"} if spec.method == "lora" else {}),
-        ("micro-batch 1", {"micro_batch": 1, "grad_accum": spec.micro_batch * spec.grad_accum}),
+        ("micro-batch 1", {"micro_batch": 1, "grad_accum": spec.micro_batch_size * spec.grad_accum}),
         ("activation offload", {"activation_offload": True}),
     ]
     applied: dict[str, Any] = {}

@@ -295,7 +295,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
     only this micro-batch and length when nothing is cached (cheaper; no sweeps from it)."""
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
-    batch = micro_batch if micro_batch is not None else spec.micro_batch
+    batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
     cuda = device == "cuda"
     architecture = gpu.architecture if gpu is not None else "hopper"

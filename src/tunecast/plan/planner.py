@@ -127,7 +127,7 @@ class Planner:
 
     def global_batch(self) -> int:
         spec = self.spec
-        return spec.global_batch or spec.micro_batch * spec.grad_accum * spec.gpus.count
+        return spec.global_batch or spec.micro_batch_size * spec.grad_accum * spec.gpus.count
 
     def _estimate(self, spec: RunSpec, gpu: Gpu, micro_batch: int, checkpointing: bool) -> MemoryEstimate:
         # Memory depends on the GPU only through its architecture's cuBLAS workspace: cards of one
@@ -146,9 +146,9 @@ class Planner:
         if batch % count:
             return f"the global batch of {batch} sequences does not divide over {count} GPUs"
         per_gpu = batch // count
-        micro_batches = [spec.micro_batch] if spec.fixed("micro_batch") else _divisors(per_gpu)
-        if spec.fixed("micro_batch") and per_gpu % spec.micro_batch:
-            return f"micro_batch {spec.micro_batch} does not divide the {per_gpu} sequences per GPU per step"
+        micro_batches = [spec.micro_batch_size] if spec.fixed("micro_batch") else _divisors(per_gpu)
+        if spec.fixed("micro_batch") and per_gpu % spec.micro_batch_size:
+            return f"micro_batch {spec.micro_batch_size} does not divide the {per_gpu} sequences per GPU per step"
         if spec.grad_checkpointing == "auto" or not spec.fixed("grad_checkpointing"):
             checkpointing_options = [False, True]
         else:
@@ -201,7 +201,7 @@ class Planner:
                     return best
         if smallest is None:
             return (f"optimizer_in_backward accumulates no gradients, so the micro-batch must be the {per_gpu} "
-                    f"sequences per GPU per step, not {spec.micro_batch}")
+                    f"sequences per GPU per step, not {spec.micro_batch_size}")
         over = smallest.device_total_gib - capacity
         tried = f" (tried: {', '.join(names)})" if names else ""
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "

@@ -20,19 +20,30 @@ IGNORE_INDEX = -100
 LOSS_CHUNKS = 8
 
 
-def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, chunked: bool) -> torch.Tensor:
-    """Mean next-token loss over the positions whose label is not IGNORE_INDEX."""
+def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, chunked: bool,
+                   attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                   num_items: torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token loss over the positions whose label is not IGNORE_INDEX: their mean, or with `num_items`
+    their sum divided by it (the trained tokens of a whole optimizer step)."""
+    inputs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
+    if attention_mask is not None:
+        inputs["attention_mask"] = attention_mask
+    if position_ids is not None:
+        inputs["position_ids"] = position_ids
     if not chunked:
-        return model(input_ids=input_ids, labels=labels, use_cache=False).loss
+        if num_items is not None:
+            inputs["num_items_in_batch"] = num_items
+        return model(labels=labels, **inputs).loss
     decoder, head = decoder_and_head(model)
-    hidden = decoder(input_ids=input_ids, use_cache=False).last_hidden_state  # (batch, seq, hidden)
+    hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t+1
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
     total = hidden.new_zeros((), dtype=torch.float32)
     for hidden_chunk, label_chunk in zip(hidden.chunk(LOSS_CHUNKS, dim=1), shifted.chunk(LOSS_CHUNKS, dim=1),
                                          strict=True):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
-    return total / (shifted != IGNORE_INDEX).sum().clamp(min=1)
+    count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
+    return total / count
 
 
 def _chunk_loss(head: Any, hidden: torch.Tensor, labels: torch.Tensor, softcap: float | None) -> torch.Tensor:

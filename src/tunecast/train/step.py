@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -11,15 +12,38 @@ from tunecast.train.setup import autocast_dtype
 
 
 def forward_backward(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, precision: str,
-                     chunked_loss: bool, on_backward: Any = None) -> float | None:
-    """Loss under the run's autocast, then its backward pass. `on_backward` is called between the two
-    (the tracer marks the phase there). Returns the loss value on real tensors, None on fake ones."""
+                     chunked_loss: bool, attention_mask: torch.Tensor | None = None,
+                     position_ids: torch.Tensor | None = None, num_items: torch.Tensor | None = None,
+                     on_backward: Any = None, backward: Callable[[torch.Tensor], None] | None = None) -> float | None:
+    """Loss under the run's autocast, then its backward pass.
+
+    `attention_mask` marks padding (padded batches); `position_ids` restarting at 0 mark packed examples
+    (transformers then keeps each example's attention to itself). `num_items` is the number of trained
+    tokens in the whole optimizer step: the loss is summed over this micro-batch's tokens and divided by it,
+    so that accumulated micro-batches of different lengths weigh every token alike. `on_backward` is called
+    between forward and backward (the tracer marks the phase there); `backward` replaces `loss.backward()`
+    (a gradient scaler's). Returns the loss value on real tensors, None on fake ones.
+    """
     cast = autocast_dtype(precision)
     with torch.autocast(input_ids.device.type, dtype=cast, enabled=cast is not None):
-        loss = causal_lm_loss(model, input_ids, labels, chunked=chunked_loss)
+        loss = causal_lm_loss(model, input_ids, labels, chunked=chunked_loss, attention_mask=attention_mask,
+                              position_ids=position_ids, num_items=num_items)
     if on_backward is not None:
         on_backward()
-    loss.backward()
+    if backward is None:
+        loss.backward()
+    else:
+        backward(loss)
     from torch._subclasses.fake_tensor import FakeTensor
 
     return None if isinstance(loss, FakeTensor) else float(loss.detach())
+
+
+def forward_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, precision: str, chunked_loss: bool,
+                 attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                 num_items: torch.Tensor | None = None) -> torch.Tensor:
+    """The same loss without gradients (evaluation): summed over the batch's trained tokens ÷ `num_items`."""
+    cast = autocast_dtype(precision)
+    with torch.no_grad(), torch.autocast(input_ids.device.type, dtype=cast, enabled=cast is not None):
+        return causal_lm_loss(model, input_ids, labels, chunked=chunked_loss, attention_mask=attention_mask,
+                              position_ids=position_ids, num_items=num_items)

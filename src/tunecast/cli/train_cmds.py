@@ -1,0 +1,154 @@
+"""`tunecast train` (run the fine-tune; exit 75 when preempted) and `tunecast merge` (adapter into the base)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn
+
+from tunecast.cli.app import state
+from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted
+
+PLAIN_EVERY_S = 10.0  # without a terminal, a progress line at most this often
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class ConsoleReporter:
+    """Progress on stderr: a live bar on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self) -> None:
+        self.live = err.is_terminal
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.last_line = 0.0
+
+    def event(self, kind: str, message: str) -> None:
+        colour = {"preempted": "yellow", "resume": "cyan", "checkpoint": "dim", "eval": "green"}.get(kind, "")
+        text = f"[{colour}]{escape(message)}[/]" if colour else escape(message)
+        if self.progress is not None:
+            self.progress.console.print(text)
+        else:
+            err.print(text)
+
+    def _describe(self, record: dict[str, Any], total: int, eta_s: float, cost_at_end: float) -> str:
+        return (f"step {record['step']}/{total} · loss {record['loss']:.4f} · "
+                f"{record['tokens_per_second']:,.0f} tok/s · {_duration(record['elapsed_s'])} elapsed · "
+                f"ETA {_duration(eta_s)} · ${record['cost_usd']:.2f} so far, ${cost_at_end:.2f} at the end")
+
+    def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None:
+        text = self._describe(record, total_steps, eta_s, cost_at_end_usd)
+        if self.live:
+            if self.progress is None:
+                self.progress = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.description}"),
+                                         console=err, transient=False)
+                self.progress.start()
+                self.task = self.progress.add_task(text, total=total_steps)
+            self.progress.update(self.task, completed=record["step"], description=escape(text))
+            return
+        now = time.monotonic()
+        if now - self.last_line >= PLAIN_EVERY_S or record["step"] == total_steps or record["step"] == 1:
+            self.last_line = now
+            err.print(escape(text))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+@spec_command
+def train_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    fresh: Annotated[bool, typer.Option("--fresh", help="Start over: move the earlier run in the output aside "
+                                        "(OUTPUT.old-TIMESTAMP) instead of resuming it.")] = False,
+    skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="Skip rows that cannot be read, and count "
+                                               "them, instead of stopping.")] = False,
+    no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Do not estimate memory before the "
+                                                  "first step (micro_batch: auto then takes the smallest).")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout at the end.")]
+    = False,
+    *,
+    spec_args: SpecArgs,
+) -> int:
+    """Fine-tune: checkpoints in OUTPUT/checkpoints, metrics in OUTPUT/metrics.jsonl, the result in OUTPUT/final.
+    Preempted (SIGTERM, SIGINT, SIGUSR1): saves a checkpoint and exits 75; the same command resumes."""
+    from tunecast.config.load import Override
+
+    started = time.monotonic()
+    flag = PROCESS_FLAG if PROCESS_FLAG.installed else PROCESS_FLAG.install()
+    if skip_invalid:
+        spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
+                             spec_args.allow_download)
+    loaded = load_from_cli(ctx, config, spec_args)
+    print_problems(list(loaded.warnings))
+    reporter = ConsoleReporter()
+    try:
+        flag.check()
+        from tunecast.train.run import TrainRequest, run_training
+
+        request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
+                               check_memory=not no_memory_check, started=started)
+        result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
+    except Preempted as stop:
+        reporter.close()
+        err.print(f"[yellow]preempted ({stop.signal_name}) before training started: nothing to save. "
+                  "Run the same command again.[/]")
+        if json_output:
+            print_json({"finished": False, "preempted_by": stop.signal_name, "steps": 0})
+        return EXIT_PREEMPTED
+    finally:
+        reporter.close()
+    print_problems(result.warnings)
+    if json_output:
+        print_json(result.as_dict())
+    if result.already_complete:
+        err.print(f"Already complete: {escape(result.output)} finished at step {result.steps}; final model in "
+                  f"{escape(str(result.final))}. Pass --fresh to train again.")
+        return 0
+    if not result.finished:
+        err.print(f"[yellow]Preempted ({result.signal}): checkpoint at step {result.steps} of {result.total_steps} "
+                  f"saved in {escape(result.output)}. Run the same command again to resume.[/]")
+        return EXIT_PREEMPTED
+    if not json_output:
+        out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}). "
+                  f"Final model: {escape(str(result.final))}")
+    return 0
+
+
+def merge_command(
+    ctx: typer.Context,
+    run_dir: Annotated[str, typer.Argument(help="The run's output directory or storage URL.")],
+    output: Annotated[str | None, typer.Option("--output", "-o", help="Where the merged model goes. Default: "
+                                               "RUN_DIR/merged.")] = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+) -> None:
+    """Merge a finished run's adapter into its base weights (dequantized for QLoRA): a model that
+    `from_pretrained` loads without peft."""
+    from tunecast.train.merge import merge_run
+
+    with err.status("Merging…"):
+        result = merge_run(run_dir, output, state(ctx).catalog())
+    if json_output:
+        print_json(result)
+        return
+    out.print(f"Merged model written to {escape(result['output'])} ({result['parameters']:,} parameters)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_command)
+    app.command("merge")(merge_command)

@@ -1,0 +1,118 @@
+"""The plan drives the run: micro-batch, gradient accumulation and checkpointing from the memory estimate.
+
+For the device the run is on (a CUDA GPU: the free memory the driver reports; the CPU: the memory the kernel
+says is available), with `plan.memory_margin` left free:
+
+* `micro_batch: auto` — the largest micro-batch that divides the step's sequences and fits;
+* `grad_checkpointing: auto` — off, unless nothing fits without it;
+* gradient accumulation — to reach `global_batch` (or micro_batch × grad_accum when that is unset).
+
+A micro-batch the user fixed is checked the same way before the first step: a run that will not fit stops
+with what would make it fit, instead of running into an out-of-memory error minutes later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.store import Catalog
+from tunecast.config.spec import DEFAULT_MICRO_BATCH, RunSpec
+from tunecast.errors import TunecastError
+from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where the run trains, and how much memory it may use."""
+
+    kind: str  # "cuda" or "cpu"
+    name: str
+    free_gib: float
+    gpu: Gpu | None  # the catalog row of a CUDA device, when its name matches one
+
+
+@dataclass(frozen=True)
+class BatchChoice:
+    micro_batch: int
+    grad_accum: int
+    grad_checkpointing: bool
+    estimate_gib: float | None  # predicted device memory of the chosen shape; None when not estimated
+    capacity_gib: float
+    reasons: tuple[str, ...]
+
+
+def sequences_per_step(spec: RunSpec) -> int:
+    """Sequences per optimizer step on this one process."""
+    if spec.global_batch is not None:
+        return spec.global_batch
+    return (spec.micro_batch if spec.micro_batch != "auto" else DEFAULT_MICRO_BATCH) * spec.grad_accum
+
+
+def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, catalog: Catalog, *,
+                 check_memory: bool = True) -> BatchChoice:
+    per_step = sequences_per_step(spec)
+    capacity = device.free_gib * (1 - spec.plan.memory_margin)
+    auto_batch = spec.micro_batch == "auto"
+    if auto_batch:
+        sizes = [d for d in range(per_step, 0, -1) if per_step % d == 0]
+    else:
+        size = int(spec.micro_batch)
+        if per_step % size:
+            raise TunecastError(f"micro_batch {size} does not divide the {per_step} sequences per optimizer step",
+                                field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
+        sizes = [size]
+    checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
+    if not check_memory:
+        chosen = sizes[-1] if auto_batch else sizes[0]
+        return BatchChoice(chosen, per_step // chosen, checkpointing[0], None, capacity,
+                           ("memory not checked",))
+
+    def estimate(micro_batch: int, recompute: bool) -> MemoryEstimate:
+        return estimate_memory(spec, config_data, device=device.kind, gpu=device.gpu, overheads=catalog.overheads,
+                               grad_checkpointing=recompute, micro_batch=micro_batch)
+
+    smallest: MemoryEstimate | None = None
+    for recompute in checkpointing:
+        for micro_batch in sizes:  # largest first
+            memory = estimate(micro_batch, recompute)
+            if smallest is None or memory.device_total_gib < smallest.device_total_gib:
+                smallest = memory
+            if memory.device_total_gib <= capacity:
+                reasons = [f"{memory.device_total_gib:.2f} GiB predicted of the {capacity:.2f} GiB usable on "
+                           f"{device.name} ({device.free_gib:.2f} GiB free, {spec.plan.memory_margin:.0%} margin)"]
+                if auto_batch:
+                    larger = [s for s in sizes if s > micro_batch]
+                    reasons.append(f"micro_batch {micro_batch}: the largest divisor of {per_step} sequences per step "
+                                   "that fits" if larger else f"micro_batch {micro_batch}: all {per_step} sequences "
+                                   "of a step fit at once")
+                if spec.grad_checkpointing == "auto":
+                    reasons.append("gradient checkpointing on: nothing fits without it" if recompute
+                                   else "gradient checkpointing off: not needed to fit")
+                return BatchChoice(micro_batch, per_step // micro_batch, recompute, memory.device_total_gib,
+                                   capacity, tuple(reasons))
+    assert smallest is not None
+    raise TunecastError(
+        f"the run does not fit {device.name}: at least {smallest.device_total_gib:.2f} GiB predicted "
+        f"(micro-batch {smallest.micro_batch}, {smallest.seq_len} tokens), {capacity:.2f} GiB usable",
+        field="micro_batch" if not auto_batch else "seq_len",
+        hint=_suggestions(spec, auto_batch),
+    )
+
+
+def _suggestions(spec: RunSpec, auto_batch: bool) -> str:
+    options = []
+    if not auto_batch:
+        options.append("micro_batch: auto (the largest that fits, with gradient accumulation)")
+    if spec.grad_checkpointing is False:
+        options.append("grad_checkpointing: auto")
+    if spec.loss == "standard":
+        options.append("loss: chunked")
+    if spec.method == "full":
+        options.append("method: lora")
+    elif spec.method == "lora":
+        options.append("method: qlora")
+    if spec.optimizer == "adamw":
+        options.append("optimizer: adamw-8bit")
+    options.append("a shorter seq_len")
+    return "try " + ", ".join(options) + "; `tunecast memory` with --gpu shows what each change gives"

@@ -1,0 +1,147 @@
+"""The model and tokenizer a run trains: weights from disk (or the Hub when allowed), or built from the config.
+
+* A model directory holding weights, or a Hub id whose weights are in the local cache (or may be downloaded
+  with --allow-download): `from_pretrained`, in the run's parameter dtype.
+* A config without weights (a config JSON file, a directory with only config.json): random weights drawn
+  from the run's seed — for tests, demos and timing runs. These are saved once under the run's `base/`, so
+  the final adapter has a base that `PeftModel.from_pretrained` and `tunecast merge` can load.
+* QLoRA (`quantize_for_qlora`): the decoder layers' Linear weights become NF4 with double quantization and bf16 compute
+  (bitsandbytes Linear4bit, train/quantize.py), the output head and embeddings stay in bf16.
+
+Then `prepare_for_training` applies the same adapters, dtypes and checkpointing the memory estimator traces.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tunecast.catalog.models import ModelConfig
+from tunecast.config.spec import RunSpec
+from tunecast.data.tokens import TokenizerCounter, load_tokenizer
+from tunecast.errors import TunecastError
+from tunecast.estimate.shape import hf_config
+from tunecast.train.setup import compute_dtype, param_dtype, training_config
+
+BASE_SAVED = "base"  # where a run keeps the random base weights it drew (beside checkpoints/)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+@dataclass(frozen=True)
+class BaseModel:
+    model: Any
+    origin: str  # what the weights are: "loaded from …" or "random (seed N)"
+    random: bool
+
+
+def has_weights(folder: Path) -> bool:
+    return folder.is_dir() and any((folder / name).exists() for name in WEIGHT_FILES)
+
+
+def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool) -> BaseModel:
+    """The base model of `spec` on the CPU, before quantization and adapters."""
+    dtype = compute_dtype(spec.precision) if spec.method == "qlora" else param_dtype(spec.precision)
+    attention = "eager" if spec.attention == "eager" else ("flash_attention_2" if spec.attention == "flash" else "sdpa")
+    config = hf_config(training_config(resolved.data), name=resolved.name)
+    folder = resolved.path.parent if resolved.origin == "directory" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if folder is not None and has_weights(folder):
+            model = _pretrained(str(folder), config, dtype, attention, local_only=True)
+            origin = f"loaded from {folder}"
+            random_weights = False
+        elif resolved.origin in ("catalog", "downloaded"):
+            model = _pretrained(resolved.name, config, dtype, attention, local_only=not allow_download)
+            origin = f"loaded from {resolved.name}"
+            random_weights = False
+        else:
+            from transformers import AutoModelForCausalLM
+
+            torch.manual_seed(spec.seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
+            origin = f"random weights from the config (seed {spec.seed}): no weights file beside {resolved.path.name}"
+            random_weights = True
+    return BaseModel(model, origin, random_weights)
+
+
+def quantize_for_qlora(model: Any, spec: RunSpec, device: torch.device) -> Any:
+    """QLoRA's base: NF4 decoder weights, double quantization, compute in the run's compute dtype."""
+    from tunecast.train.quantize import quantize_nf4
+
+    return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=True, device=str(device))
+
+
+def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, local_only: bool) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, config=config, dtype=dtype, attn_implementation=attention,
+                                                    local_files_only=local_only)
+    except OSError as error:
+        hint = ("pass --allow-download to fetch the weights from the Hugging Face Hub (set HF_TOKEN for gated "
+                "models)" if local_only else "check the model id, the network and HF_TOKEN")
+        raise TunecastError(f"cannot load the weights of {name}: {error}", field="model", hint=hint) from None
+
+
+def load_run_tokenizer(spec: RunSpec, resolved: ModelConfig) -> TokenizerCounter:
+    """The tokenizer to train with: `dataset.tokenizer`, else the model directory's, else the model's own
+    in the local Hugging Face cache. Training needs exact tokens: an estimate will not do."""
+    if spec.dataset.tokenizer is not None:
+        counter = load_tokenizer(spec.dataset.tokenizer)
+    elif resolved.origin == "directory" and any((resolved.path.parent / name).exists()
+                                                 for name in ("tokenizer.json", "tokenizer_config.json")):
+        counter = load_tokenizer(str(resolved.path.parent))
+    else:
+        from tunecast.data.tokens import cached_tokenizer
+
+        found = cached_tokenizer(resolved.name) if resolved.origin in ("catalog", "downloaded") else None
+        if found is None:
+            raise TunecastError(f"no tokenizer for {resolved.name} on this machine", field="dataset.tokenizer",
+                                hint="set dataset.tokenizer to a folder holding tokenizer files or a tokenizer.json")
+        counter = found
+    assert isinstance(counter, TokenizerCounter)
+    return counter
+
+
+def pad_id(counter: TokenizerCounter) -> int:
+    """The id padding is written with (never trained on): the tokenizer's pad token, else EOS, else 0."""
+    tokenizer = counter.tokenizer
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if isinstance(value, int):
+            return value
+    if counter.eos_id is not None:
+        return counter.eos_id
+    return 0
+
+
+def save_tokenizer(counter: TokenizerCounter, folder: Path) -> None:
+    tokenizer = counter.tokenizer
+    folder.mkdir(parents=True, exist_ok=True)
+    if hasattr(tokenizer, "save_pretrained"):
+        tokenizer.save_pretrained(str(folder))
+    else:
+        tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path (what write_set stores)."""
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def save_base(model: Any, counter: TokenizerCounter, storage: Any) -> None:
+    """Keep random base weights with the run (`base/`), so the adapter has a base to load and merge into."""
+    import tempfile
+
+    from tunecast.train.store import write_set
+
+    with tempfile.TemporaryDirectory(prefix="tunecast-base-") as temporary:
+        folder = Path(temporary)
+        model.save_pretrained(str(folder))
+        save_tokenizer(counter, folder)
+        write_set(storage, BASE_SAVED, folder_files(folder), {"kind": "base model (random weights)"})

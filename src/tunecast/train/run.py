@@ -1,0 +1,227 @@
+"""A training run from its config to `final/`: where it writes, whether it resumes, and the set-up of every
+part the loop needs. The output directory (or storage URL) is the run's identity: the same command resumes.
+
+Order of work, each step checking the preemption flag so a signal during set-up also stops cleanly:
+
+1. the output: `--fresh` moves an old run aside first; a lock makes this process its only writer;
+2. the newest checkpoint that verifies (newer broken ones are named and skipped) and the config policy:
+   a change that alters shapes, numerics or the data order is refused, a harmless one is allowed with a
+   warning (HARMLESS below);
+3. the data, tokenized; the batch shape, from the memory estimate (batching.py);
+4. the model, adapters, optimizer; then the checkpoint's state, restored;
+5. the loop (loop.py); at its end `final/`: the adapter (or full model), the tokenizer and a model card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.config.spec import RunSpec
+from tunecast.errors import Problem, TunecastError
+from tunecast.train.signals import PreemptionFlag
+from tunecast.train.store import CheckpointStore, Storage, locked, read_set
+
+FINAL = "final"
+BASE = "base"
+CONFIG_FILE = "config.yaml"
+# Keys whose change leaves every step's computation as it was: allowed on resume, with a warning.
+HARMLESS = ("output", "checkpoint.", "eval.every_steps", "log_every_steps", "pricing.", "plan.", "gpus.gpu",
+            "gpus.count", "gpus.strategy", "gpus.offload", "grad_checkpointing", "activation_offload",
+            "dataset.skip_invalid", "micro_batch", "grad_accum")
+# The batch shape resolved at the first start; a resumed run keeps it whatever `auto` would choose now.
+RESOLVED = ("micro_batch", "grad_accum", "grad_checkpointing")
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    fresh: bool = False
+    allow_download: bool = False
+    check_memory: bool = True
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class TrainResult:
+    output: str
+    finished: bool
+    already_complete: bool = False
+    steps: int = 0
+    total_steps: int = 0
+    signal: str | None = None
+    resumed_from: int | None = None
+    final: str | None = None
+    elapsed_s: float = 0.0
+    cost_usd: float = 0.0
+    warnings: list[Problem] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"output": self.output, "finished": self.finished, "already_complete": self.already_complete,
+                "steps": self.steps, "total_steps": self.total_steps, "preempted_by": self.signal,
+                "resumed_from_step": self.resumed_from, "final": self.final, "elapsed_s": round(self.elapsed_s, 3),
+                "cost_usd": round(self.cost_usd, 4), "warnings": [w.as_dict() for w in self.warnings]}
+
+
+def output_url(spec: RunSpec) -> str:
+    return spec.output if spec.output is not None else str((Path.cwd() / spec.default_output).resolve())
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): data}
+
+
+def config_changes(then: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(refused, allowed): the dotted keys whose value differs between the checkpoint's config and now."""
+    old, new = _flatten(then), _flatten(now)
+    changed = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+    allowed = [key for key in changed if key.startswith(HARMLESS) or key in HARMLESS]
+    return [key for key in changed if key not in allowed], allowed
+
+
+def config_hash(document: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def move_aside(storage: Storage) -> str | None:
+    """Move an existing run out of the way (`--fresh`); returns where it went."""
+    if not storage.exists() or not storage.listdir():
+        return None
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    target = f"{storage.url}.old-{stamp}"
+    storage.fs.mv(storage.root, Storage(target).root, recursive=True)
+    return target
+
+
+def final_complete(storage: Storage) -> bool:
+    from tunecast.train.store import InvalidSet
+
+    try:
+        read_set(storage, FINAL)
+    except InvalidSet:
+        return False
+    return True
+
+
+def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
+                 reporter: Any) -> TrainResult:
+    """Train `loaded` to the end or to a preemption. Raises TunecastError for what the user must fix."""
+    spec = loaded.spec
+    url = output_url(spec)
+    storage = Storage(url)
+    result = TrainResult(output=url, finished=False)
+    if request.fresh:
+        moved = move_aside(storage)
+        if moved:
+            reporter.event("start", f"--fresh: the earlier run moved to {moved}")
+    with locked(storage) as lock:
+        if lock.took_over:
+            reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed)")
+        store = CheckpointStore(storage)
+        found, skipped = store.newest_valid()
+        for bad in skipped:
+            result.warnings.append(Problem(f"checkpoints/{bad.name}", f"skipped: {bad.reason}",
+                                           "it was left by an interrupted or damaged write; the newest complete "
+                                           "checkpoint is used instead", severity="warning"))
+        requested = spec.model_dump(mode="json")
+        resolved_then: dict[str, Any] | None = None
+        if found is not None:
+            resolved_then = _check_config(found.manifest, requested, result)
+            # final/ is written only after the last step's checkpoint: complete, it means the run is done
+            if final_complete(storage):
+                result.finished = result.already_complete = True
+                result.steps = result.total_steps = found.step
+                result.final = storage.url_of(FINAL)
+                return result
+        from tunecast.train.session import build_session
+
+        session = build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store, lock=lock,
+                                found=found, resolved_then=resolved_then, result=result)
+        from tunecast.train.loop import train
+
+        outcome = train(session)
+        result.steps = outcome.progress.step
+        result.total_steps = session.total_steps
+        result.elapsed_s = outcome.progress.elapsed_s
+        result.cost_usd = outcome.progress.cost_usd
+        if not outcome.finished:
+            result.signal = outcome.signal
+            session.metrics.close()
+            return result
+        from tunecast.train.final import write_final
+
+        # a run killed while final/ is written resumes at its last step and writes final/ again
+        write_final(session, storage, loaded)
+        session.metrics.write({"kind": "event", "event": "finished", "step": outcome.progress.step,
+                               "elapsed_s": round(outcome.progress.elapsed_s, 3),
+                               "cost_usd": round(outcome.progress.cost_usd, 4)})
+        session.metrics.sync()
+        session.metrics.close()
+        result.finished = True
+        result.final = storage.url_of(FINAL)
+        return result
+
+
+def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: TrainResult) -> dict[str, Any]:
+    """The config policy on resume; returns the resolved batch shape the run started with."""
+    then = manifest.get("requested", {})
+    refused, allowed = config_changes(then, requested)
+    if refused:
+        listed = ", ".join(f"{key} ({_flatten(then).get(key)!r} → {_flatten(requested).get(key)!r})"
+                           for key in refused[:6])
+        more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
+        raise TunecastError(f"the config changed since the checkpoint in a way that changes training: {listed}{more}",
+                            field=refused[0],
+                            hint="restore those values to resume, or pass --fresh to start over (the old run is "
+                                 "moved aside, not deleted)")
+    for key in allowed:
+        if key in RESOLVED:
+            continue
+        result.warnings.append(Problem(key, "changed since the checkpoint; it does not change training, so the "
+                                            "run resumes with the new value", severity="warning"))
+    resolved = manifest.get("resolved", {})
+    assert isinstance(resolved, dict)
+    return resolved
+
+
+def write_config(storage: Storage, document: dict[str, Any]) -> str:
+    text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    storage.write(CONFIG_FILE, text.encode())
+    return text
+
+
+def total_steps(spec: RunSpec, units: int, per_step: int) -> tuple[int, int]:
+    """(total optimizer steps, steps per epoch): `max_steps`, else ⌈epochs × steps per epoch⌉."""
+    per_epoch = math.ceil(units / per_step)
+    if spec.max_steps is not None:
+        return spec.max_steps, per_epoch
+    return max(1, math.ceil(spec.epochs * per_epoch)), per_epoch
+
+
+def free_memory_gib(kind: str) -> float:
+    """Memory the run may take: the CUDA device's free memory, or the host's available memory."""
+    if kind == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info()
+        return free / 2**30
+    with open("/proc/meminfo") as handle:
+        for line in handle:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 2**30

@@ -1,0 +1,366 @@
+"""The checkpoint store: named sets of files on any fsspec filesystem, each complete or absent.
+
+What it knows is bytes, not training: a checkpoint is a folder `checkpoints/step-NNNNNNNN/` of files and a
+`manifest.json` naming every file with its size and SHA-256. What the files hold is `state.py`'s business.
+
+Why a checkpoint is never half there, in the order things happen:
+
+1. Every file is written first. On a local disk each goes to a temporary name in the same folder, is
+   fsynced, renamed over its final name and the folder fsynced, so a file under its final name is whole. On
+   object storage (s3://, gs://) an object appears only when its upload completes.
+2. `manifest.json` is written last, the same way. A folder without a manifest that parses, or whose files
+   do not match their sizes and checksums, is not a checkpoint: `newest_valid` skips it and says why.
+3. Old checkpoints are deleted only after the new one is complete, and their manifest goes first, so a
+   deletion interrupted half-way leaves a folder that is skipped, never one that loads.
+
+A kill at any instant (SIGKILL, power loss) therefore leaves the previous checkpoint intact and the one
+being written invisible. The run also holds a lock on its output (`RunLock`), so two processes never write
+the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.errors import TunecastError
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = 1
+CHECKPOINTS = "checkpoints"
+STEP_PATTERN = re.compile(r"^step-(\d{8,})$")
+HASH_CHUNK = 1 << 22
+LOCK = ".tunecast.lock"
+# A lock on object storage cannot be tied to a process; its holder refreshes it, and one not refreshed for
+# this long belongs to a machine that is gone (a spot VM reclaimed without notice).
+REMOTE_LOCK_STALE_S = 180.0
+REMOTE_LOCK_REFRESH_S = 30.0
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint folder that is not a complete checkpoint, and why."""
+
+    name: str
+    reason: str
+
+
+class Storage:
+    """A folder on an fsspec filesystem (`/runs/x`, `s3://bucket/runs/x`, `memory://x`), with the writes the
+    store needs: whole files only, made durable before they are named."""
+
+    def __init__(self, url: str) -> None:
+        import fsspec
+
+        self.url = url.rstrip("/")
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(self.url)
+        except (ImportError, ValueError) as error:
+            raise TunecastError(f"cannot use the storage {url}: {error}", field="output",
+                                hint="install the fsspec backend (pip install 'tunecast[s3]' for s3://)") from None
+        self.local = "file" in _protocols(self.fs)
+
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def url_of(self, *parts: str) -> str:
+        """The URL of a path inside this folder, as a user (or another process) would give it."""
+        return "/".join([self.url, *parts])
+
+    def exists(self, *parts: str) -> bool:
+        return bool(self.fs.exists(self.path(*parts)))
+
+    def read(self, *parts: str) -> bytes:
+        with self.fs.open(self.path(*parts), "rb") as handle:
+            return bytes(handle.read())
+
+    def write(self, relative: str, data: bytes) -> None:
+        """`data` under `relative`, whole or not at all."""
+        target = self.path(relative)
+        try:
+            if self.local:
+                _write_local(target, data)
+            else:
+                self.fs.pipe_file(target, data)
+        except OSError as error:
+            raise TunecastError(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
+                                hint="free space on the output storage or check its permissions; the previous "
+                                     "checkpoint is intact") from None
+
+    def listdir(self, *parts: str) -> list[str]:
+        folder = self.path(*parts)
+        if not self.fs.exists(folder):
+            return []
+        names = []
+        for entry in self.fs.ls(folder, detail=False):
+            names.append(str(entry).rstrip("/").rsplit("/", 1)[-1])
+        return names
+
+    def remove(self, *parts: str) -> None:
+        target = self.path(*parts)
+        if self.fs.exists(target):
+            self.fs.rm(target, recursive=True)
+
+    def move(self, source: str, destination: str) -> None:
+        self.fs.mv(self.path(source), self.path(destination), recursive=True)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return tuple(protocol) if isinstance(protocol, (tuple, list)) else (protocol,)
+
+
+def _write_local(target: str, data: bytes) -> None:
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{target}.tmp-{os.getpid()}"
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_folder(folder)
+
+
+def _fsync_folder(folder: str) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def write_set(storage: Storage, folder: str, files: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
+    """The files of one set under `folder`, then its manifest: the set exists once the manifest does. An
+    older manifest in the folder (a set being rewritten) is removed before any file changes."""
+    storage.remove(folder, MANIFEST)
+    for name, data in files.items():
+        storage.write(f"{folder}/{name}", data)
+    manifest = {"format": MANIFEST_FORMAT, **meta,
+                "files": {name: {"bytes": len(data), "sha256": sha256(data)} for name, data in files.items()}}
+    storage.write(f"{folder}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+def read_set(storage: Storage, folder: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and files of a set, each file checked against its size and checksum. Raises
+    `InvalidSet` saying what is wrong."""
+    try:
+        raw = storage.read(folder, MANIFEST)
+    except FileNotFoundError:
+        raise InvalidSet("no manifest.json (the write did not finish)") from None
+    try:
+        manifest = json.loads(raw)
+        listed = manifest["files"]
+        assert isinstance(listed, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise InvalidSet("manifest.json does not parse") from None
+    files: dict[str, bytes] = {}
+    for name, expected in listed.items():
+        try:
+            data = storage.read(folder, name)
+        except FileNotFoundError:
+            raise InvalidSet(f"{name} is missing") from None
+        if len(data) != expected["bytes"]:
+            raise InvalidSet(f"{name} has {len(data):,} bytes, the manifest says {expected['bytes']:,} (truncated)")
+        if sha256(data) != expected["sha256"]:
+            raise InvalidSet(f"{name} does not match its SHA-256 (corrupted)")
+        files[name] = data
+    return manifest, files
+
+
+class InvalidSet(Exception):
+    """A folder that is not a complete, verified set of files."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A verified checkpoint: its step, manifest and files."""
+
+    step: int
+    manifest: dict[str, Any]
+    files: dict[str, bytes]
+
+
+@dataclass
+class CheckpointStore:
+    """Checkpoints of one run under `storage`/checkpoints."""
+
+    storage: Storage
+
+    def steps(self) -> list[int]:
+        """Steps of the checkpoint folders present, complete or not, newest first."""
+        found = []
+        for name in self.storage.listdir(CHECKPOINTS):
+            match = STEP_PATTERN.match(name)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found, reverse=True)
+
+    def save(self, step: int, files: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
+        write_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}", files, {"step": step, **meta})
+
+    def load(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return read_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}")
+
+    def newest_valid(self) -> tuple[Loaded | None, list[Skipped]]:
+        """The newest checkpoint that verifies (None when none does), and the newer folders skipped on the
+        way, each with why."""
+        skipped: list[Skipped] = []
+        for step in self.steps():
+            try:
+                manifest, files = self.load(step)
+            except InvalidSet as problem:
+                skipped.append(Skipped(step_name(step), str(problem)))
+                continue
+            return Loaded(step, manifest, files), skipped
+        return None, skipped
+
+    def is_valid(self, step: int) -> bool:
+        try:
+            self.load(step)
+        except InvalidSet:
+            return False
+        return True
+
+    def prune(self, keep: int, *, newest: int) -> list[str]:
+        """Delete all but the `keep` newest complete checkpoints (and every incomplete folder older than
+        `newest`, the one just written). Manifests go first, so a half-done deletion is skipped later."""
+        removed = []
+        complete = 0
+        for step in self.steps():
+            name = step_name(step)
+            folder = f"{CHECKPOINTS}/{name}"
+            if step > newest:
+                continue  # written by nobody now: a newer, incomplete folder is left for inspection
+            if complete < keep and self.storage.exists(folder, MANIFEST):
+                complete += 1
+                continue
+            self.storage.remove(folder, MANIFEST)
+            self.storage.remove(folder)
+            removed.append(name)
+        return removed
+
+
+class RunLock:
+    """One writer per run output. Local: an exclusive `flock`, released by the kernel when the process dies
+    (so a lock left by a killed run is taken over at once). Object storage: a lock object naming its holder,
+    refreshed while the run lives and taken over once stale, or at once when its holder is a dead process
+    on this machine."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._handle: Any = None
+        self._refreshed = 0.0
+        self.took_over: str | None = None
+
+    def acquire(self) -> None:
+        if self.storage.local:
+            self._acquire_local()
+        else:
+            self._acquire_remote()
+
+    def _acquire_local(self) -> None:
+        import fcntl
+
+        os.makedirs(self.storage.root, exist_ok=True)
+        handle = open(self.storage.path(LOCK), "a+")  # noqa: SIM115 - held open for the run's lifetime
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise TunecastError(f"{self.storage.url} is in use by {holder}", field="output",
+                                hint="wait for that run to finish, stop it, or give this run another --output"
+                                ) from None
+        handle.seek(0)
+        previous = handle.read().strip()
+        if previous:
+            self.took_over = previous
+        handle.truncate(0)
+        handle.write(_holder())
+        handle.flush()
+        self._handle = handle
+
+    def _acquire_remote(self) -> None:
+        try:
+            holder = json.loads(self.storage.read(LOCK))
+        except (FileNotFoundError, ValueError):
+            holder = None
+        if holder is not None:
+            age = time.time() - float(holder.get("refreshed", 0))
+            same_host_dead = holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", 0)))
+            mine = holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
+            if not (mine or same_host_dead or age > REMOTE_LOCK_STALE_S):
+                raise TunecastError(
+                    f"{self.storage.url} is in use by pid {holder.get('pid')} on {holder.get('host')} "
+                    f"(lock refreshed {age:.0f} s ago)", field="output",
+                    hint=f"wait for that run; a lock not refreshed for {REMOTE_LOCK_STALE_S:.0f} s is taken over")
+            self.took_over = f"pid {holder.get('pid')} on {holder.get('host')}"
+        self.refresh(force=True)
+
+    def refresh(self, *, force: bool = False) -> None:
+        """Keep a remote lock fresh (cheap to call every step)."""
+        if self.storage.local or (not force and time.time() - self._refreshed < REMOTE_LOCK_REFRESH_S):
+            return
+        self._refreshed = time.time()
+        document = {"host": socket.gethostname(), "pid": os.getpid(), "refreshed": self._refreshed}
+        self.storage.write(LOCK, json.dumps(document).encode())
+
+    def release(self) -> None:
+        if self.storage.local:
+            if self._handle is not None:
+                # an empty lock file says the last holder left cleanly; a name in it, that it was killed
+                self._handle.truncate(0)
+                self._handle.close()
+                self._handle = None
+        else:
+            with contextlib.suppress(OSError, TunecastError):
+                self.storage.remove(LOCK)
+
+
+def _holder() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def locked(storage: Storage) -> Iterator[RunLock]:
+    lock = RunLock(storage)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
