@@ -8,6 +8,9 @@ if sys.argv[1:2] == ["train"]:
     from tunecast.train.signals import PROCESS_FLAG
 
     PROCESS_FLAG.install()
+    from tunecast.train.determinism import fix_cpu_threads
+
+    fix_cpu_threads()
 
 from tunecast.cli.app import app, main
 

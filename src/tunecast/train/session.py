@@ -40,6 +40,14 @@ from tunecast.train.state import Progress, restore
 from tunecast.train.store import MANIFEST, CheckpointStore, Loaded, RunLock, Storage
 
 
+def resident_gib() -> float:
+    """This process's resident memory now (the CPU memory estimate counts growth above it)."""
+    import os
+
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -109,6 +117,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
 
     seed_everything(spec.seed)
     flag.check()
+    rss_before_model = resident_gib()
     base = load_base(spec, resolved_model, allow_download=request.allow_download)
     if base.random and not storage.exists(BASE_SAVED, MANIFEST):
         save_base(base.model, counter, storage)
@@ -160,7 +169,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     event = {"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
              "total_steps": steps, "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
              "grad_checkpointing": choice.grad_checkpointing, "device": device.name, "usd_per_hour": usd_per_hour,
-             "checkpoint_policy": policy.describe()}
+             "checkpoint_policy": policy.describe(), "rss_before_model_gib": rss_before_model}
     metrics.write(event)
     if found is not None:
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {steps}")

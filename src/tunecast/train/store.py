@@ -110,8 +110,12 @@ class Storage:
 
     def remove(self, *parts: str) -> None:
         target = self.path(*parts)
-        if self.fs.exists(target):
-            self.fs.rm(target, recursive=True)
+        try:
+            if self.fs.exists(target):
+                self.fs.rm(target, recursive=True)
+        except OSError as error:
+            raise TunecastError(f"cannot remove {self.url}/{'/'.join(parts)}: {error.strerror or error}",
+                                field="output", hint="check the output storage's permissions") from None
 
     def move(self, source: str, destination: str) -> None:
         self.fs.mv(self.path(source), self.path(destination), recursive=True)
@@ -177,13 +181,14 @@ def read_set(storage: Storage, folder: str) -> tuple[dict[str, Any], dict[str, b
         raise InvalidSet("manifest.json does not parse") from None
     files: dict[str, bytes] = {}
     for name, expected in listed.items():
+        size, digest = _listed(name, expected)
         try:
             data = storage.read(folder, name)
         except FileNotFoundError:
             raise InvalidSet(f"{name} is missing") from None
-        if len(data) != expected["bytes"]:
-            raise InvalidSet(f"{name} has {len(data):,} bytes, the manifest says {expected['bytes']:,} (truncated)")
-        if sha256(data) != expected["sha256"]:
+        if len(data) != size:
+            raise InvalidSet(f"{name} has {len(data):,} bytes, the manifest says {size:,} (truncated)")
+        if sha256(data) != digest:
             raise InvalidSet(f"{name} does not match its SHA-256 (corrupted)")
         files[name] = data
     return manifest, files
@@ -191,6 +196,13 @@ def read_set(storage: Storage, folder: str) -> tuple[dict[str, Any], dict[str, b
 
 class InvalidSet(Exception):
     """A folder that is not a complete, verified set of files."""
+
+
+def _listed(name: str, entry: object) -> tuple[int, str]:
+    """A manifest entry's size and checksum; a damaged entry makes the set invalid."""
+    if isinstance(entry, dict) and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str):
+        return entry["bytes"], entry["sha256"]
+    raise InvalidSet(f"manifest.json's entry for {name} is damaged")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""A warm process that forks a fresh `tunecast` command per request, for tests that start many runs.
+
+Importing torch, transformers and peft costs 8-10 s a process on the CI machine; a kill/resume test starts
+dozens of runs. This server imports them once (and runs no torch operation, so no thread pool exists to be
+broken by fork), then for each request forks a child that runs `tunecast.cli.main(args)` exactly as the
+console script would. The child is a real process: it can be sent SIGTERM or SIGKILL by its pid.
+
+Protocol, one JSON object per line: a request {"args", "cwd", "env", "log", "kill_in_write"} on stdin; the
+server answers {"pid"} once the child is forked, then {"pid", "code"} when it has ended (code: the exit
+status, or minus the signal number that killed it). `kill_in_write: N` makes the child SIGKILL itself
+half-way through its N-th file write to the run's storage (a kill while a checkpoint is being written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def _warm() -> None:
+    import accelerate  # noqa: F401
+    import peft  # noqa: F401
+    import safetensors.torch  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import tunecast.cli.app  # noqa: F401
+    import tunecast.train.run  # noqa: F401
+    import tunecast.train.session  # noqa: F401
+
+
+def _kill_in_write(count: int) -> None:
+    """Patch the store so that the `count`-th write stops the process half-way through the file."""
+    from tunecast.train import store
+
+    original = store._write_local
+    seen = {"writes": 0}
+
+    def write(target: str, data: bytes) -> None:
+        seen["writes"] += 1
+        if seen["writes"] == count:
+            with open(f"{target}.tmp-{os.getpid()}", "wb") as handle:
+                handle.write(data[: len(data) // 2])
+                handle.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        original(target, data)
+
+    store._write_local = write
+
+
+def _child(request: dict) -> None:
+    os.chdir(request["cwd"])
+    os.environ.update(request.get("env", {}))
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    endpoint = os.environ.get("TUNECAST_TEST_S3_ENDPOINT")
+    if endpoint:  # the test's S3 server (tests/s3server.py), as its fixture points fsspec at it
+        import fsspec
+
+        fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
+    if request.get("kill_in_write"):
+        _kill_in_write(int(request["kill_in_write"]))
+    from tunecast.cli import main
+    from tunecast.train.signals import PROCESS_FLAG
+
+    PROCESS_FLAG.install()  # as tunecast/cli/__init__.py does at the start of `tunecast train`
+    code = 1
+    try:
+        main(request["args"])
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else 0
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    from tunecast.train.determinism import fix_cpu_threads
+
+    fix_cpu_threads()  # before torch loads MKL, as `tunecast train` does
+    _warm()
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(request)
+            finally:
+                os._exit(1)
+        print(json.dumps({"pid": pid}), flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

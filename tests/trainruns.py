@@ -1,0 +1,121 @@
+"""Helpers for tests that run `tunecast train` for real: a tiny run config, a warm fork server that starts
+runs in fresh processes, and readers for what a run leaves (final adapter bytes, per-step losses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_MODEL = REPO / "examples" / "tiny-model"
+ALPACA = REPO / "examples" / "data" / "alpaca.jsonl"
+
+
+def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
+    """A LoRA run of the bundled tiny model on the sample data: 16 steps of 2 × 2 sequences, dropout on (so
+    exact resume needs the random generators restored), evaluation and checkpoints every few steps."""
+    config: dict[str, Any] = {
+        "model": str(TINY_MODEL), "method": "lora",
+        "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
+        "precision": "fp32", "optimizer": "adamw", "micro_batch": 2, "grad_accum": 2, "seq_len": 128,
+        "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 2, "max_steps": 16, "seed": 7,
+        "dataset": {"path": str(ALPACA)}, "eval": {"examples": 4, "every_steps": 5},
+        "checkpoint": {"every_steps": 2, "keep": 2}, "output": str(tmp / "out"),
+    }
+    for key, value in changes.items():
+        node = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    path = tmp / name
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_losses(output: Path) -> dict[int, float]:
+    """step → loss of every `train` line of metrics.jsonl; a step logged twice is an error."""
+    losses: dict[int, float] = {}
+    for line in (output / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if record["kind"] == "train":
+            assert record["step"] not in losses, f"step {record['step']} logged twice"
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+def adapter_bytes(output: Path) -> bytes:
+    return (output / "final" / "adapter_model.safetensors").read_bytes()
+
+
+@dataclass
+class ForkServer:
+    """Client of tests/forkserver.py."""
+
+    process: subprocess.Popen[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls) -> ForkServer:
+        process = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py")], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True, cwd=REPO)
+        ready = process.stdout.readline()  # type: ignore[union-attr]
+        assert json.loads(ready) == {"ready": True}, ready
+        return cls(process)
+
+    def stop(self) -> None:
+        self.process.stdin.close()  # type: ignore[union-attr]
+        self.process.wait(timeout=30)
+
+    def _send(self, args: list[str], log: Path, kill_in_write: int | None) -> int:
+        request = {"args": args, "cwd": str(REPO), "log": str(log), "kill_in_write": kill_in_write,
+                   "env": {**{k: v for k, v in os.environ.items() if k.startswith(("TUNECAST_", "HF_", "AWS_"))},
+                           **self.env}}
+        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        return int(json.loads(self.process.stdout.readline())["pid"])  # type: ignore[union-attr]
+
+    def _wait(self) -> int:
+        return int(json.loads(self.process.stdout.readline())["code"])  # type: ignore[union-attr]
+
+    def run(self, args: list[str], log: Path, *, kill_in_write: int | None = None) -> int:
+        """Run `tunecast ARGS` to its end; its exit status (minus the signal number when killed)."""
+        self._send(args, log, kill_in_write)
+        return self._wait()
+
+    def run_and_signal(self, args: list[str], log: Path, *, after_s: float, signal_number: int = signal.SIGKILL
+                       ) -> tuple[int, float]:
+        """Start `tunecast ARGS`, send it `signal_number` after `after_s` seconds (unless it ended), and return
+        its exit status and the seconds from the signal to its end."""
+        pid = self._send(args, log, None)
+        time.sleep(after_s)
+        sent = time.monotonic()
+        try:
+            os.kill(pid, signal_number)
+        except ProcessLookupError:
+            pass
+        code = self._wait()
+        return code, time.monotonic() - sent
+
+    def signal_when(self, args: list[str], log: Path, ready: Any, *, signal_number: int, timeout_s: float = 120.0
+                    ) -> tuple[int, float]:
+        """Start `tunecast ARGS`, send `signal_number` once `ready()` is true, and return its exit status and the
+        seconds from the signal to its end."""
+        pid = self._send(args, log, None)
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            assert time.monotonic() < deadline, f"never ready; log:\n{log.read_text()[-3000:]}"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        os.kill(pid, signal_number)
+        code = self._wait()
+        return code, time.monotonic() - sent
