@@ -26,8 +26,8 @@ def _warm() -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    import tunecast.cli.app  # noqa: F401
-    import tunecast.train.run  # noqa: F401
+    import tunecast.cli.app
+    import tunecast.train.run
     import tunecast.train.session  # noqa: F401
 
 

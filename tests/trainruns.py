@@ -3,6 +3,7 @@ runs in fresh processes, and readers for what a run leaves (final adapter bytes,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,10 +100,8 @@ class ForkServer:
         pid = self._send(args, log, None)
         time.sleep(after_s)
         sent = time.monotonic()
-        try:
+        with contextlib.suppress(ProcessLookupError):  # it may have finished already
             os.kill(pid, signal_number)
-        except ProcessLookupError:
-            pass
         code = self._wait()
         return code, time.monotonic() - sent
 

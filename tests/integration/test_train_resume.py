@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from tests.trainruns import ForkServer, adapter_bytes, tiny_run, train_losses
 
 KILLS = 10  # random SIGKILLs in CI; benchmarks/kill_resume.py runs 100
@@ -136,7 +135,6 @@ def test_checkpoints_on_object_storage_resume_bit_exact(server: ForkServer, refe
                                                         s3_endpoint: str, tmp_path: Path) -> None:
     """The same run with its output on an S3 server (moto, on loopback): SIGTERM, resume, same result."""
     import fsspec
-
     from tests.s3server import FAKE_AWS_ENV
 
     server.env = {**FAKE_AWS_ENV, "TUNECAST_TEST_S3_ENDPOINT": s3_endpoint}
