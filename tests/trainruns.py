@@ -19,11 +19,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = REPO / "examples" / "tiny-model"
 ALPACA = REPO / "examples" / "data" / "alpaca.jsonl"
+NO_EVAL = {"eval.examples": 0, "eval.every_steps": None}
 
 
 def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
     """A LoRA run of the bundled tiny model on the sample data: 16 steps of 2 × 2 sequences, dropout on (so
-    exact resume needs the random generators restored), evaluation and checkpoints every few steps."""
+    exact resume needs the random generators restored), evaluation and checkpoints every few steps. `changes`
+    are dotted keys; a value of None removes the key."""
     config: dict[str, Any] = {
         "model": str(TINY_MODEL), "method": "lora",
         "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
@@ -32,12 +34,15 @@ def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
         "dataset": {"path": str(ALPACA)}, "eval": {"examples": 4, "every_steps": 5},
         "checkpoint": {"every_steps": 2, "keep": 2}, "output": str(tmp / "out"),
     }
-    for key, value in changes.items():
+    for key, value in changes.items():  # a dotted key; None removes it
         node = config
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = value
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
     path = tmp / name
     path.write_text(yaml.safe_dump(config))
     return path

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.trainruns import ForkServer, adapter_bytes, tiny_run, train_losses
+from tests.trainruns import NO_EVAL, ForkServer, adapter_bytes, tiny_run, train_losses
 
 KILLS = 10  # random SIGKILLs in CI; benchmarks/kill_resume.py runs 100
 MAX_ATTEMPTS = 40
@@ -112,20 +112,20 @@ def test_signal_before_training_exits_75(server: ForkServer, tmp_path: Path) -> 
 
 
 def test_finished_run_says_so(server: ForkServer, reference: dict, tmp_path: Path) -> None:
-    config = tiny_run(tmp_path, max_steps=2, **{"eval.examples": 0})
+    config = tiny_run(tmp_path, max_steps=2, **NO_EVAL)
     assert server.run(["train", str(config)], tmp_path / "log.txt") == 0
     assert server.run(["train", str(config)], tmp_path / "log2.txt") == 0
     assert "Already complete" in " ".join((tmp_path / "log2.txt").read_text().split())
 
 
 def test_changed_config_is_refused_and_fresh_moves_aside(server: ForkServer, tmp_path: Path) -> None:
-    config = tiny_run(tmp_path, max_steps=2, **{"eval.examples": 0})
+    config = tiny_run(tmp_path, max_steps=2, **NO_EVAL)
     assert server.run(["train", str(config)], tmp_path / "log.txt") == 0
-    changed = tiny_run(tmp_path, max_steps=2, learning_rate=1e-3, **{"eval.examples": 0})
+    changed = tiny_run(tmp_path, max_steps=2, learning_rate=1e-3, **NO_EVAL)
     assert server.run(["train", str(changed)], tmp_path / "log2.txt") == 2
     message = " ".join((tmp_path / "log2.txt").read_text().split())
     assert "learning_rate" in message and "--fresh" in message
-    harmless = tiny_run(tmp_path, max_steps=2, log_every_steps=5, **{"eval.examples": 0})
+    harmless = tiny_run(tmp_path, max_steps=2, log_every_steps=5, **NO_EVAL)
     assert server.run(["train", str(harmless)], tmp_path / "log3.txt") == 0
     assert server.run(["train", str(changed), "--fresh"], tmp_path / "log4.txt") == 0
     assert len(list(tmp_path.glob("out.old-*"))) == 1

@@ -14,7 +14,7 @@ from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted
+from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag
 
 PLAIN_EVERY_S = 10.0  # without a terminal, a progress line at most this often
 
@@ -87,10 +87,20 @@ def train_command(
 ) -> int:
     """Fine-tune: checkpoints in OUTPUT/checkpoints, metrics in OUTPUT/metrics.jsonl, the result in OUTPUT/final.
     Preempted (SIGTERM, SIGINT, SIGUSR1): saves a checkpoint and exits 75; the same command resumes."""
+    started = time.monotonic()
+    installed_here = not PROCESS_FLAG.installed  # run from code (tests), not from the console script
+    flag = PROCESS_FLAG.install() if installed_here else PROCESS_FLAG
+    try:
+        return _train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag, started)
+    finally:
+        if installed_here:
+            flag.uninstall()
+
+
+def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
+           spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float) -> int:
     from tunecast.config.load import Override
 
-    started = time.monotonic()
-    flag = PROCESS_FLAG if PROCESS_FLAG.installed else PROCESS_FLAG.install()
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
                              spec_args.allow_download)

@@ -45,6 +45,7 @@ class PreemptionFlag:
         for number, handler in self._previous.items():
             signal.signal(number, handler)  # type: ignore[arg-type]
         self._previous.clear()
+        self.received = None
 
     def _handle(self, number: int, frame: FrameType | None) -> None:
         if self.received is None:
