@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import math
 import resource
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -160,18 +162,20 @@ def save_checkpoint(session: Session, reason: str) -> float:
     session.metrics.write({"kind": "event", "event": "checkpoint", "step": progress.step, "reason": reason,
                            "elapsed_s": round(progress.elapsed_s, 3)})
     progress.metrics_bytes = session.metrics.sync()
-    files = checkpoint_files(model=session.model, optimizer=session.optimizer,
-                             schedule={"name": session.spec.schedule, "step": progress.step,
-                                       "warmup_steps": session.warmup_steps, "total_steps": session.total_steps},
-                             scaler=session.scaler, rng=session.rng_at_boundary, progress=progress,
-                             config_yaml=session.config_yaml)
-    store.save(progress.step, files, session.manifest_meta)
+    with tempfile.TemporaryDirectory(prefix="tunecast-checkpoint-") as scratch:
+        files = checkpoint_files(Path(scratch), model=session.model, optimizer=session.optimizer,
+                                 schedule={"name": session.spec.schedule, "step": progress.step,
+                                           "warmup_steps": session.warmup_steps, "total_steps": session.total_steps},
+                                 scaler=session.scaler, rng=session.rng_at_boundary, progress=progress,
+                                 config_yaml=session.config_yaml)
+        size = sum(v.stat().st_size if isinstance(v, Path) else len(v) for v in files.values())
+        store.save(progress.step, files, session.manifest_meta)
     store.prune(session.spec.checkpoint.keep, newest=progress.step)
     session.lock.refresh()
     seconds = time.monotonic() - started
     session.policy.saved(seconds)
     session.reporter.event("checkpoint", f"checkpoint at step {progress.step} ({reason}, "
-                                         f"{sum(len(v) for v in files.values()) / 2**20:.1f} MiB in {seconds:.2f} s)")
+                                         f"{size / 2**20:.1f} MiB in {seconds:.2f} s)")
     return seconds
 
 

@@ -129,9 +129,9 @@ def save_tokenizer(counter: TokenizerCounter, folder: Path) -> None:
         tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def folder_files(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder`, by relative path (what write_set stores)."""
-    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+def folder_files(folder: Path) -> dict[str, bytes | Path]:
+    """Every file under `folder`, by relative path (what write_set stores, copying each in chunks)."""
+    return {str(path.relative_to(folder)): path for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
 def save_base(model: Any, counter: TokenizerCounter, storage: Any) -> None:

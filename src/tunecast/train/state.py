@@ -25,6 +25,7 @@ import io
 import json
 import random
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -102,15 +103,19 @@ def _torch_load(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-def checkpoint_files(*, model: Any, optimizer: Any, schedule: dict[str, Any], scaler: Any, rng: dict[str, Any],
-                     progress: Progress, config_yaml: str) -> dict[str, bytes]:
-    """The files of a checkpoint. `schedule` describes the learning-rate schedule (a function of the step,
-    kept for the record); `scaler` is the fp16 gradient scaler or None."""
-    from safetensors.torch import save
+def checkpoint_files(folder: Path, *, model: Any, optimizer: Any, schedule: dict[str, Any], scaler: Any,
+                     rng: dict[str, Any], progress: Progress, config_yaml: str) -> dict[str, bytes | Path]:
+    """The files of a checkpoint: the large ones (weights, optimizer) written to `folder`, a local scratch
+    folder, so they are never held in memory whole; the small ones as bytes. `schedule` describes the
+    learning-rate schedule (a function of the step, kept for the record); `scaler` is the fp16 gradient
+    scaler or None."""
+    from safetensors.torch import save_file
 
+    save_file(trainable_state(model), str(folder / TRAINABLE))
+    torch.save(optimizer.state_dict(), folder / OPTIMIZER)
     return {
-        TRAINABLE: save(trainable_state(model)),
-        OPTIMIZER: _torch_bytes(optimizer.state_dict()),
+        TRAINABLE: folder / TRAINABLE,
+        OPTIMIZER: folder / OPTIMIZER,
         SCHEDULER: _torch_bytes({"schedule": schedule,
                                  "scaler": scaler.state_dict() if scaler is not None else None}),
         RNG: _torch_bytes(rng),

@@ -29,6 +29,7 @@ import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tunecast.errors import TunecastError
@@ -99,6 +100,19 @@ class Storage:
                                 hint="free space on the output storage or check its permissions; the previous "
                                      "checkpoint is intact") from None
 
+    def write_file(self, relative: str, source: Path) -> None:
+        """The local file `source` under `relative`, copied in chunks (never whole in memory), whole or not at all."""
+        target = self.path(relative)
+        try:
+            if self.local:
+                _copy_local(source, target)
+            else:
+                self.fs.put_file(str(source), target)
+        except OSError as error:
+            raise TunecastError(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
+                                hint="free space on the output storage or check its permissions; the previous "
+                                     "checkpoint is intact") from None
+
     def listdir(self, *parts: str) -> list[str]:
         folder = self.path(*parts)
         if not self.fs.exists(folder):
@@ -143,6 +157,24 @@ def _write_local(target: str, data: bytes) -> None:
     _fsync_folder(folder)
 
 
+def _copy_local(source: Path, target: str) -> None:
+    folder = os.path.dirname(target)
+    os.makedirs(folder, exist_ok=True)
+    temporary = f"{target}.tmp-{os.getpid()}"
+    try:
+        with open(source, "rb") as reader, open(temporary, "wb") as writer:
+            while chunk := reader.read(HASH_CHUNK):
+                writer.write(chunk)
+            writer.flush()
+            os.fsync(writer.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    _fsync_folder(folder)
+
+
 def _fsync_folder(folder: str) -> None:
     descriptor = os.open(folder, os.O_RDONLY)
     try:
@@ -155,14 +187,31 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_set(storage: Storage, folder: str, files: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
-    """The files of one set under `folder`, then its manifest: the set exists once the manifest does. An
-    older manifest in the folder (a set being rewritten) is removed before any file changes."""
+def _file_digest(path: Path) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def write_set(storage: Storage, folder: str, files: Mapping[str, bytes | Path], meta: Mapping[str, Any]) -> None:
+    """The files of one set under `folder` (bytes, or local files copied in chunks), then its manifest: the
+    set exists once the manifest does. An older manifest in the folder (a set being rewritten) is removed
+    before any file changes."""
     storage.remove(folder, MANIFEST)
+    listed: dict[str, dict[str, Any]] = {}
     for name, data in files.items():
-        storage.write(f"{folder}/{name}", data)
-    manifest = {"format": MANIFEST_FORMAT, **meta,
-                "files": {name: {"bytes": len(data), "sha256": sha256(data)} for name, data in files.items()}}
+        if isinstance(data, Path):
+            size, digest = _file_digest(data)
+            storage.write_file(f"{folder}/{name}", data)
+        else:
+            size, digest = len(data), sha256(data)
+            storage.write(f"{folder}/{name}", data)
+        listed[name] = {"bytes": size, "sha256": digest}
+    manifest = {"format": MANIFEST_FORMAT, **meta, "files": listed}
     storage.write(f"{folder}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
@@ -229,7 +278,7 @@ class CheckpointStore:
                 found.append(int(match.group(1)))
         return sorted(found, reverse=True)
 
-    def save(self, step: int, files: Mapping[str, bytes], meta: Mapping[str, Any]) -> None:
+    def save(self, step: int, files: Mapping[str, bytes | Path], meta: Mapping[str, Any]) -> None:
         write_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}", files, {"step": step, **meta})
 
     def load(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
