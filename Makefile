@@ -7,6 +7,7 @@ STAMP := $(VENV)/.tunecast-installed
 # multi-GB CUDA build. On a GPU machine, install your own torch (>= 2.6) into the venv before this.
 TORCH_PIN ?= torch==2.13.0
 DEMO_CONFIG ?= examples/llama-3.1-8b-lora.yaml
+TRAIN_DEMO ?= examples/tiny-lora.yaml
 
 .PHONY: demo test lint typecheck unit clean
 
@@ -19,6 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tunecast validate $(DEMO_CONFIG)
 	$(BIN)/tunecast plan $(DEMO_CONFIG)
+	rm -rf runs/tiny-lora
+	$(BIN)/tunecast train $(TRAIN_DEMO)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks

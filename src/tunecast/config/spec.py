@@ -323,6 +323,16 @@ class RunSpec(_Section):
     plan: PlanSpec = Field(default_factory=PlanSpec)
     """What the planner may change by itself."""
 
+    @field_validator("micro_batch", mode="before")
+    @classmethod
+    def _micro_batch(cls, value: object) -> object:
+        """A whole number or `auto` (a flag gives text: '4' is 4); one clear message for anything else."""
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError("must be a whole number ≥ 1 or auto")
+
     def with_changes(self, changes: Mapping[str, Any]) -> RunSpec:
         """A copy with `changes` (dotted keys, as `--set` takes them: `gpus.strategy`) applied and validated."""
         data = self.model_dump()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecast.catalog.store import Catalog
@@ -66,4 +66,13 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
         run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
             update={"grad_checkpointing": checkpointing})
         fit = fit_report(run_spec, estimate, gpu, estimator_total(config, gpu, catalog.overheads), context_len=context)
+        if spec.micro_batch == "auto" and fit.max_micro_batch >= 1:
+            # `auto` is left open: the answer is the largest micro-batch that fits, as `tunecast train` takes it
+            # (there, also dividing the sequences of a step)
+            chosen = fit.max_micro_batch
+            estimate = estimate_memory(spec, config, device=device, gpu=gpu, overheads=catalog.overheads,
+                                       grad_checkpointing=checkpointing, micro_batch=chosen)
+            estimate = replace(estimate, notes=(*estimate.notes, f"micro_batch auto: {chosen}, the largest that fits"))
+            fit = fit_report(run_spec.model_copy(update={"micro_batch": chosen}), estimate, gpu,
+                             estimator_total(config, gpu, catalog.overheads), context_len=context)
     return MemoryAnswer(estimate, fit, checkpointing)

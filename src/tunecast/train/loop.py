@@ -18,6 +18,7 @@ returns "preempted". The resumed run redoes that step identically.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import resource
 import tempfile
@@ -231,10 +232,11 @@ def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, floa
         session.flag.check()
         on_device = batch.to(session.device)
         last = index == len(batches) - 1
-        with accelerator.no_sync(model) if not last else _nothing():
+        with accelerator.no_sync(model) if not last else contextlib.nullcontext():
             value = forward_backward(model, on_device.input_ids, on_device.labels, precision=spec.precision,
                                      chunked_loss=spec.loss == "chunked", attention_mask=on_device.attention_mask,
-                                     position_ids=on_device.position_ids, num_items=num_items, backward=backward)
+                                     position_ids=on_device.position_ids, num_items=num_items, backward=backward,
+                                     offload_activations=spec.activation_offload and session.device.type == "cuda")
         loss += value or 0.0
     grad_norm = float("nan")
     if not session.optimizer.in_backward:
@@ -245,14 +247,6 @@ def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, floa
     session.optimizer.step(session.scaler)
     session.optimizer.zero_grad()
     return loss, grad_norm
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *args: object) -> None:
-        return None
 
 
 def train(session: Session) -> Outcome:

@@ -145,3 +145,24 @@ def save_base(model: Any, counter: TokenizerCounter, storage: Any) -> None:
         model.save_pretrained(str(folder))
         save_tokenizer(counter, folder)
         write_set(storage, BASE_SAVED, folder_files(folder), {"kind": "base model (random weights)"})
+
+
+def enable_float8(model: Any, device: torch.device) -> Any:
+    """`precision: fp8`: the Linear layers' matmuls in FP8 through torchao's float8 training (bf16 master
+    weights, dynamic scaling), the output head excluded and layers whose sizes FP8 kernels cannot take
+    (multiples of 16) left in bf16."""
+    if device.type != "cuda":
+        raise TunecastError(f"precision fp8 needs a GPU with FP8 tensor cores; this run is on {device.type}",
+                            field="precision", hint="use precision bf16 here")
+    try:
+        from torchao.float8 import convert_to_float8_training
+    except ImportError:
+        raise TunecastError("precision fp8 trains through torchao's float8 training, which is not installed",
+                            field="precision", hint="pip install torchao, or use precision bf16") from None
+
+    def eligible(module: torch.nn.Module, name: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and not name.endswith("lm_head")
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, module_filter_fn=eligible)
+    return model

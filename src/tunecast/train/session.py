@@ -18,6 +18,7 @@ from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
     BASE_SAVED,
+    enable_float8,
     load_base,
     load_run_tokenizer,
     pad_id,
@@ -125,6 +126,8 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     model = base.model
     if spec.method == "qlora":
         model = quantize_for_qlora(model, spec, accelerator.device)
+    if spec.precision == "fp8":
+        model = enable_float8(model.to(accelerator.device), accelerator.device)
     settings = TraceSettings.from_spec(spec, grad_checkpointing=choice.grad_checkpointing)
     model = prepare_for_training(model, settings)
     model = accelerator.prepare_model(model, device_placement=spec.method != "qlora")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,8 @@ from tunecast.train.setup import autocast_dtype
 def forward_backward(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, precision: str,
                      chunked_loss: bool, attention_mask: torch.Tensor | None = None,
                      position_ids: torch.Tensor | None = None, num_items: torch.Tensor | None = None,
-                     on_backward: Any = None, backward: Callable[[torch.Tensor], None] | None = None) -> float | None:
+                     on_backward: Any = None, backward: Callable[[torch.Tensor], None] | None = None,
+                     offload_activations: bool = False) -> float | None:
     """Loss under the run's autocast, then its backward pass.
 
     `attention_mask` marks padding (padded batches); `position_ids` restarting at 0 mark packed examples
@@ -22,10 +24,13 @@ def forward_backward(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, 
     tokens in the whole optimizer step: the loss is summed over this micro-batch's tokens and divided by it,
     so that accumulated micro-batches of different lengths weigh every token alike. `on_backward` is called
     between forward and backward (the tracer marks the phase there); `backward` replaces `loss.backward()`
-    (a gradient scaler's). Returns the loss value on real tensors, None on fake ones.
+    (a gradient scaler's). `offload_activations` keeps the tensors saved for the backward pass in pinned CPU
+    memory (torch's `save_on_cpu`; the estimator models this term, activation offload). Returns the loss value
+    on real tensors, None on fake ones.
     """
     cast = autocast_dtype(precision)
-    with torch.autocast(input_ids.device.type, dtype=cast, enabled=cast is not None):
+    offload = torch.autograd.graph.save_on_cpu(pin_memory=True) if offload_activations else contextlib.nullcontext()
+    with offload, torch.autocast(input_ids.device.type, dtype=cast, enabled=cast is not None):
         loss = causal_lm_loss(model, input_ids, labels, chunked=chunked_loss, attention_mask=attention_mask,
                               position_ids=position_ids, num_items=num_items)
     if on_backward is not None:

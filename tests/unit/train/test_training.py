@@ -198,3 +198,9 @@ def test_training_needs_a_dataset_file(cli, tmp_path: Path) -> None:  # type: ig
     result = cli("train", str(config))
     assert result.code == 2
     assert "dataset.path" in result.stderr
+
+
+def test_fp8_needs_an_fp8_gpu(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    result = cli("train", str(tiny_run(tmp_path, precision="fp8", max_steps=1)), "--no-memory-check")
+    assert result.code == 2
+    assert "precision" in result.stderr and "FP8" in result.stderr

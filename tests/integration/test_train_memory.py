@@ -1,0 +1,66 @@
+"""What `tunecast memory --device cpu` predicts is what `tunecast train` uses: the runner's resident-memory
+growth over two training steps of real architectures (random weights) is within 5% of the estimate.
+
+The method of benchmarks/cpu_memory_groundtruth.py: glibc returns freed memory at once
+(MALLOC_MMAP_THRESHOLD_=65536), the run reports its resident memory just before the model is built
+(`rss_before_model_gib` in the start event) and its peak (`peak_rss_gib`); the difference is compared with the
+estimate's `device_total_gib` ("resident growth").
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.conftest import run_subprocess
+from tests.trainruns import TINY_MODEL
+
+from tunecast.catalog.store import load_catalog
+
+# Two real architectures small enough for CI: GPT-2 (124 M, full fine-tune: weights, gradients and AdamW
+# states all in play) and Qwen2.5-0.5B (LoRA on every linear layer, a 151,936-token vocabulary, fp32 because
+# bf16 matmuls are slow on CPUs without native bf16).
+CASES = {
+    "gpt2-full": ("openai-community/gpt2", {"method": "full", "micro_batch": 2, "seq_len": 256}),
+    "qwen2.5-0.5b-lora-fp32": ("Qwen/Qwen2.5-0.5B", {"method": "lora", "lora": {"rank": 16}, "precision": "fp32",
+                                                      "micro_batch": 1, "seq_len": 256}),
+}
+
+
+def long_texts(path: Path, rows: int) -> None:
+    """Texts longer than any seq_len used here, so every sequence is full (no padding), as the estimate."""
+    chooser = random.Random(0)
+    words = ["alpha", "river", "stone", "quiet", "number", "garden", "silver", "window", "planet", "morning"]
+    with path.open("w") as handle:
+        for _ in range(rows):
+            handle.write(json.dumps({"text": " ".join(chooser.choice(words) for _ in range(700))}) + "\n")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_runner_memory_matches_the_estimate(case: str, cli, tmp_path: Path, shared_cache: Path,  # type: ignore[no-untyped-def]
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    model, settings = CASES[case]
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+    data = tmp_path / "text.jsonl"
+    long_texts(data, 8)
+    config = {"model": str(load_catalog(None).models.find(model).path), **settings,
+              "max_steps": 2, "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)},
+              "checkpoint": {"every_steps": 100}, "output": str(tmp_path / "out")}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    estimate = cli("memory", str(path), "--device", "cpu", "--json")
+    assert estimate.code == 0, estimate.stderr
+    predicted = estimate.json()["device_total_gib"]
+
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_CACHE": str(shared_cache)}
+    done = run_subprocess(sys.executable, "-m", "tunecast", "train", str(path), env=env)
+    assert done.code == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    baseline = next(line["rss_before_model_gib"] for line in lines if line.get("event") == "start")
+    peak = max(line["peak_rss_gib"] for line in lines if line["kind"] == "train")
+    measured = peak - baseline
+    assert measured == pytest.approx(predicted, rel=0.05), f"measured {measured:.3f} GiB, predicted {predicted:.3f}"
