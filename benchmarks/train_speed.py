@@ -70,7 +70,7 @@ MODEL = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "
          "num_key_value_heads": 2}
 SEQ_LEN = 256
 MICRO_BATCH = 4
-STEPS = 20
+STEPS = 30
 SKIP = 3  # warm-up steps left out of every figure
 REPEATS = 2
 LORA = {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": "all-linear"}
@@ -79,13 +79,12 @@ SEED = 0
 DEFAULT_CHECKPOINT_LIMIT_S = 150.0  # the automatic interval is at least a minute; stop waiting after this
 QUIET_CORES = 0.3  # before each run, wait (up to QUIET_WAIT_S) until other processes use less than this
 QUIET_WAIT_S = 20.0
-CLEAN_CORES = 0.15  # a step during which other processes used less than this is a clean step
+CLEAN_CORES = 0.15  # a step is clean when other processes used less than this beyond the cores left free
 SAMPLE_S = 0.05
 MIN_CLEAN = 6  # clean steps a framework needs before its figure is taken from clean steps only
-THREADS = os.cpu_count() or 1
-CHILD_ENV = {"OMP_NUM_THREADS": str(THREADS), "MKL_NUM_THREADS": str(THREADS), "MKL_DYNAMIC": "FALSE",
-             "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+CORES = os.cpu_count() or 1
+CHILD_ENV = {"MKL_DYNAMIC": "FALSE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+             "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 
 
 @dataclass
@@ -98,16 +97,19 @@ class Run:
     padded_tokens: list[int]
     wall_s: list[float]  # from the previous step's end to this step's end (the first: its own compute)
     compute_s: list[float]  # forward, backward, clipping, optimizer step
+    cpu_s: list[float]  # CPU seconds the process used over the wall span (all threads)
     other_cores: list[float]  # CPU seconds of other processes during the step ÷ its wall seconds
     run_other_cores: float  # the same over the whole process
+    clean_below: float  # a step is clean when other processes used fewer cores than this
 
     def steady(self, clean: bool = False) -> list[int]:
-        """The steps after warm-up; `clean`: only those during which other processes stayed under CLEAN_CORES."""
-        return [i for i in range(SKIP, len(self.tokens)) if not clean or self.other_cores[i] < CLEAN_CORES]
+        """The steps after warm-up; `clean`: only those during which other processes stayed under clean_below."""
+        return [i for i in range(SKIP, len(self.tokens)) if not clean or self.other_cores[i] < self.clean_below]
 
-    def rates(self, clean: bool = False, compute: bool = False) -> list[float]:
-        seconds = self.compute_s if compute else self.wall_s
-        return [self.tokens[i] / seconds[i] for i in self.steady(clean)]
+    def rates(self, clean: bool = False, seconds: str = "wall_s") -> list[float]:
+        """Real tokens per second of each steady step: per wall, compute-only or CPU second."""
+        spent = getattr(self, seconds)
+        return [self.tokens[i] / spent[i] for i in self.steady(clean)]
 
     @property
     def tokens_per_s(self) -> float:
@@ -170,15 +172,25 @@ class Sampler:
         self._thread.join()
         return self
 
+    def _at(self, moment: float, column: int) -> float:
+        """A sampled column (1: machine busy s, 2: the run's own s) at `moment`, interpolated."""
+        times = [sample[0] for sample in self.samples]
+        after = bisect.bisect_right(times, moment)
+        if after == 0:
+            return self.samples[0][column]
+        if after == len(times):
+            return self.samples[-1][column]
+        before, later = self.samples[after - 1], self.samples[after]
+        return before[column] + (later[column] - before[column]) * (moment - before[0]) / (later[0] - before[0])
+
+    def own_cpu_s(self, start: float, end: float) -> float:
+        """CPU seconds the run itself (all its threads) used from `start` to `end`."""
+        return self._at(end, 2) - self._at(start, 2)
+
     def other_cores(self, start: float, end: float) -> float:
-        """Cores other processes kept busy from `start` to `end` (widened to the samples around them)."""
-        times = [t for t, _, _ in self.samples]
-        first = max(0, bisect.bisect_right(times, start) - 1)
-        last = min(len(times) - 1, bisect.bisect_left(times, end))
-        if last <= first:
-            return float("nan")
-        (t0, busy0, own0), (t1, busy1, own1) = self.samples[first], self.samples[last]
-        return max(0.0, ((busy1 - busy0) - (own1 - own0)) / (t1 - t0))
+        """Cores other processes kept busy from `start` to `end`."""
+        busy = self._at(end, 1) - self._at(start, 1)
+        return max(0.0, (busy - self.own_cpu_s(start, end)) / (end - start)) if end > start else float("nan")
 
     def whole(self) -> float:
         return self.other_cores(self.samples[0][0], self.samples[-1][0])
@@ -259,7 +271,13 @@ def _records(output: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.endswith("}")]
 
 
-def _tunecast_run(label: str, records: list[dict[str, Any]], sampler: Sampler) -> Run:
+def clean_below(env: dict[str, str]) -> float:
+    """Other processes' load under which a step counts as clean: the cores the run's threads leave free, and
+    CLEAN_CORES more."""
+    return max(0, CORES - int(env["OMP_NUM_THREADS"])) + CLEAN_CORES
+
+
+def _tunecast_run(label: str, records: list[dict[str, Any]], sampler: Sampler, clean_below: float) -> Run:
     """A run from its metrics.jsonl (one process's lines, in order) and the sampler that watched it."""
     lines = [i for i, r in enumerate(records) if r["kind"] == "train"]
     train = [records[i] for i in lines]
@@ -267,10 +285,10 @@ def _tunecast_run(label: str, records: list[dict[str, Any]], sampler: Sampler) -
     start = min(sampler.arrivals[i] - records[i]["elapsed_s"] for i in lines if i < len(sampler.arrivals))
     ends = [start + r["elapsed_s"] for r in train]
     wall = [train[0]["step_seconds"]] + [b - a for a, b in pairwise(ends)]
+    spans = [(end - seconds, end) for end, seconds in zip(ends, wall, strict=True)]
     return Run(label, [r["tokens"] for r in train], [r["padded_tokens"] for r in train], wall,
-               [r["step_seconds"] for r in train],
-               [sampler.other_cores(end - seconds, end) for end, seconds in zip(ends, wall, strict=True)],
-               sampler.whole())
+               [r["step_seconds"] for r in train], [sampler.own_cpu_s(*span) for span in spans],
+               [sampler.other_cores(*span) for span in spans], sampler.whole(), clean_below)
 
 
 def run_tunecast(label: str, config: Path, env: dict[str, str]) -> Run:
@@ -284,7 +302,7 @@ def run_tunecast(label: str, config: Path, env: dict[str, str]) -> Run:
     if code != 0:
         raise RuntimeError(f"tunecast train {config} exited {code}:\n"
                            f"{(config.parent / 'stderr.txt').read_text()[-3000:]}")
-    return _tunecast_run(label, _records(output), sampler)
+    return _tunecast_run(label, _records(output), sampler, clean_below(env))
 
 
 def run_default_checkpoint(config: Path, env: dict[str, str], after: int) -> tuple[Run, dict[str, Any]]:
@@ -313,7 +331,7 @@ def run_default_checkpoint(config: Path, env: dict[str, str], after: int) -> tup
         raise RuntimeError(f"tunecast train {config} exited {code}, not 75 after SIGTERM: "
                            f"{(config.parent / 'stderr.txt').read_text()[-3000:]}")
     records = _records(output)
-    run = _tunecast_run("tunecast, automatic checkpoints", records, sampler)
+    run = _tunecast_run("tunecast, automatic checkpoints", records, sampler, clean_below(env))
     start = next(r for r in records if r.get("event") == "start")
     train = {r["step"]: r for r in records if r["kind"] == "train"}
     writes = []
@@ -373,9 +391,10 @@ def run_child(label: str, kind: str, model: Path, data: Path, steps: int, env: d
     ends, begins = result["ends"], result["begins"]
     compute = [end - begin for begin, end in zip(begins, ends, strict=True)]
     wall = [compute[0]] + [b - a for a, b in pairwise(ends)]
+    spans = [(end - seconds, end) for end, seconds in zip(ends, wall, strict=True)]
     return Run(label, result["tokens"], result["padded_tokens"], wall, compute,
-               [sampler.other_cores(end - seconds, end) for end, seconds in zip(ends, wall, strict=True)],
-               sampler.whole())
+               [sampler.own_cpu_s(*span) for span in spans], [sampler.other_cores(*span) for span in spans],
+               sampler.whole(), clean_below(env))
 
 
 def child(kind: str, model_dir: str, data: str, steps: int) -> dict[str, Any]:
@@ -482,6 +501,7 @@ class Summary:
     all_steps: int
     all_tokens_per_s: float
     compute_tokens_per_s: float
+    cpu_tokens_per_s: float  # real tokens per CPU second of the process (all steady steps)
     padding_share: float
     per_run: list[float]
     other_cores: list[float]
@@ -495,9 +515,10 @@ class Summary:
         clean = [rate for run in runs for rate in run.rates(clean=True)]
         every = [rate for run in runs for rate in run.rates()]
         use_clean = len(clean) >= MIN_CLEAN
-        compute = [rate for run in runs for rate in run.rates(clean=use_clean, compute=True)]
+        compute = [rate for run in runs for rate in run.rates(clean=use_clean, seconds="compute_s")]
+        cpu = [rate for run in runs for rate in run.rates(seconds="cpu_s")]
         return cls(statistics.median(clean if use_clean else every), len(clean), len(every),
-                   statistics.median(every), statistics.median(compute),
+                   statistics.median(every), statistics.median(compute), statistics.median(cpu),
                    statistics.median(run.padding_share for run in runs), [run.tokens_per_s for run in runs],
                    [run.run_other_cores for run in runs])
 
@@ -508,8 +529,8 @@ def _rows(runs: dict[str, list[Run]], baseline: str) -> tuple[list[str], float]:
     both_clean = all(summary.clean for summary in summaries.values())
     base = summaries[baseline].tokens_per_s if both_clean else summaries[baseline].all_tokens_per_s
     lines = [f"| | real tok/s, median over {'clean' if both_clean else 'all'} steps | clean steps | all steps: "
-             "median tok/s (per run) | compute-only tok/s | padding | other processes, cores (per run) | "
-             f"× {baseline} |", "|---|---:|---:|---|---:|---:|---|---:|"]
+             "median tok/s (per run) | compute-only tok/s | tok per CPU-s | padding | other processes, cores "
+             f"(per run) | × {baseline} |", "|---|---:|---:|---|---:|---:|---:|---|---:|"]
     ratio = float("nan")
     for name, summary in summaries.items():
         value = summary.tokens_per_s if both_clean else summary.all_tokens_per_s
@@ -517,7 +538,8 @@ def _rows(runs: dict[str, list[Run]], baseline: str) -> tuple[list[str], float]:
             ratio = value / base
         lines.append(f"| {name} | {value:,.0f} | {summary.clean_steps} of {summary.all_steps} | "
                      f"{summary.all_tokens_per_s:,.0f} ({', '.join(f'{v:,.0f}' for v in summary.per_run)}) | "
-                     f"{summary.compute_tokens_per_s:,.0f} | {summary.padding_share:.0%} | "
+                     f"{summary.compute_tokens_per_s:,.0f} | {summary.cpu_tokens_per_s:,.0f} | "
+                     f"{summary.padding_share:.0%} | "
                      f"{', '.join(f'{v:.2f}' for v in summary.other_cores)} | {value / base:.2f}× |")
     if not both_clean:
         lines += ["", f"Fewer than {MIN_CLEAN} clean steps on one side: the figures are over all steps, other "
@@ -528,6 +550,7 @@ def _rows(runs: dict[str, list[Run]], baseline: str) -> tuple[list[str], float]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child")
+    parser.add_argument("--threads", type=int, default=CORES, help=f"torch threads of every run (default {CORES})")
     parser.add_argument("--quick", action="store_true",
                         help="one repeat, fewer steps; print the report instead of writing the doc")
     args = parser.parse_args()
@@ -542,7 +565,8 @@ def main() -> int:
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="train-speed-") as temporary:
         root = Path(temporary)
-        env = {**os.environ, **CHILD_ENV, "TUNECAST_CACHE": str(root / "cache")}
+        env = {**os.environ, **CHILD_ENV, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+               "TUNECAST_CACHE": str(root / "cache")}
         model = make_model(root / "model")
         fixed, variable = make_data(root, examples_fixed=steps * MICRO_BATCH + 8, examples_variable=steps * 12)
         count = iter(range(10_000))
@@ -579,7 +603,7 @@ def main() -> int:
             print(f"resume: {resumes[-1]}", flush=True)
     total_s = time.monotonic() - began
     print(f"benchmark took {total_s / 60:.1f} min", flush=True)
-    text = report(fixed_runs, variable_runs, checkpoint_runs, resumes, total_s)
+    text = report(fixed_runs, variable_runs, checkpoint_runs, resumes, total_s, args.threads)
     if args.quick:
         print(text)
     else:
@@ -588,10 +612,8 @@ def main() -> int:
 
 
 def report(fixed_runs: dict[str, list[Run]], variable_runs: dict[str, list[Run]],
-              checkpoint_runs: list[tuple[Run, dict[str, Any]]], resumes: list[dict[str, float]],
-              total_s: float) -> str:
-    import torch
-
+           checkpoint_runs: list[tuple[Run, dict[str, Any]]], resumes: list[dict[str, float]], total_s: float,
+           threads: int) -> str:
     versions = ", ".join(f"{name} {_version(name)}" for name in ("torch", "transformers", "peft", "accelerate", "trl")
                          if _version(name))
     fixed_table, fixed_ratio = _rows(fixed_runs, "Trainer")
@@ -608,7 +630,7 @@ def report(fixed_runs: dict[str, list[Run]], variable_runs: dict[str, list[Run]]
     automatic = [run for run, _ in checkpoint_runs]
     lines = [
         f"Measured with `.venv/bin/python benchmarks/train_speed.py` on {time.strftime('%Y-%m-%d')}: "
-        f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads in every run, "
+        f"{platform.machine()}, {CORES} cores, {threads} torch thread(s) in every run (OMP_NUM_THREADS), "
         f"Python {platform.python_version()}, {versions}. The whole benchmark took {total_s / 60:.1f} min.",
         "",
         f"Model: the demo Llama widened to hidden {MODEL['hidden_size']}, {MODEL['num_hidden_layers']} layers, "
@@ -620,8 +642,9 @@ def report(fixed_runs: dict[str, list[Run]], variable_runs: dict[str, list[Run]]
         "",
         "tok/s: real (non-padding) tokens per second, per step tokens ÷ wall seconds from the previous step's end "
         "(compute-only: forward, backward, clipping and optimizer step alone), the median over the steps of all "
-        f"runs. Clean steps: steps during which other processes on the machine used under {CLEAN_CORES} of a core "
-        "(sampled every 50 ms); the figures are over clean steps when each side has at least "
+        "runs. Clean steps: steps during which other processes on the machine used under "
+        f"{clean_below({'OMP_NUM_THREADS': str(threads)}):.2f} cores (sampled every 50 ms); the figures are over "
+        "clean steps when each side has at least "
         f"{MIN_CLEAN}. 'Other processes' is that load over each whole run.",
         "",
         "### 1. Fixed-length data (every example exactly seq_len tokens)",

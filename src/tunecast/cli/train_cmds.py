@@ -69,6 +69,19 @@ class ConsoleReporter:
             self.progress = None
 
 
+def _quiet_libraries() -> None:
+    """The libraries' own progress bars and deprecation notices are for their developers; the run's progress is
+    ours (stderr), and their real warnings (logging at error level) still show."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+
+
 @spec_command
 def train_command(
     ctx: typer.Context,
@@ -109,6 +122,7 @@ def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check
     reporter = ConsoleReporter()
     try:
         flag.check()
+        _quiet_libraries()
         from tunecast.train.run import TrainRequest, run_training
 
         request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,

@@ -62,9 +62,9 @@ def merge_run(run_dir: str, output: str | None, catalog: Catalog) -> dict[str, A
     _, files = read_set(storage, FINAL)
     with tempfile.TemporaryDirectory(prefix="tunecast-merge-") as temporary:
         adapter = Path(temporary) / "adapter"
-        for name, data in files.items():
+        for name, content in files.items():
             (adapter / name).parent.mkdir(parents=True, exist_ok=True)
-            (adapter / name).write_bytes(data)
+            (adapter / name).write_bytes(content)
         import json
 
         base_path = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
@@ -81,16 +81,11 @@ def merge_run(run_dir: str, output: str | None, catalog: Catalog) -> dict[str, A
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
             if (adapter / name).exists():
                 (result_dir / name).write_bytes((adapter / name).read_bytes())
-        target = Storage(output) if output else storage
-        folder = "" if output else MERGED
-        merged_files = folder_files(result_dir)
-        if folder:
-            write_set(target, folder, merged_files, {"kind": "merged", "base": base_path})
-        else:
-            for name, data in merged_files.items():
-                target.write(name, data)
+        parent, _, folder = (output or storage.url_of(MERGED)).rstrip("/").rpartition("/")
+        target = Storage(parent or ".")
+        write_set(target, folder, folder_files(result_dir), {"kind": "merged", "base": base_path})
         parameters = sum(p.numel() for p in merged.parameters())
-    return {"output": target.path(folder) if folder else target.url, "base": base_path, "parameters": parameters}
+    return {"output": target.url_of(folder), "base": base_path, "parameters": parameters}
 
 
 def _local_base(base_path: str, scratch: Path) -> str:

@@ -64,7 +64,8 @@ class Progress:
 def capture_rng() -> dict[str, Any]:
     """Every generator's state, as tensors and plain values (loadable with torch.load(weights_only=True))."""
     version, keys, gauss = random.getstate()
-    kind, np_keys, position, has_gauss, np_gauss = np.random.get_state()
+    kind, np_keys, position, has_gauss, np_gauss = np.random.get_state(legacy=True)
+    assert not isinstance(np_keys, str)
     state: dict[str, Any] = {
         "python": {"version": version, "keys": torch.tensor(keys, dtype=torch.int64), "gauss": gauss},
         "numpy": {"kind": kind, "keys": torch.from_numpy(np_keys.astype(np.int64)), "position": int(position),
