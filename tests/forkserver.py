@@ -32,22 +32,39 @@ def _warm() -> None:
 
 
 def _kill_in_write(count: int) -> None:
-    """Patch the store so that the `count`-th write stops the process half-way through the file."""
+    """Patch the store so that the `count`-th local file write (small files written from memory, and large
+    ones copied from a scratch folder alike) stops the process half-way through that file."""
+    from pathlib import Path
+
     from tunecast.train import store
 
-    original = store._write_local
-    seen = {"writes": 0}
+    writes = 0
+    write_local, copy_local = store._write_local, store._copy_local
+
+    def due() -> bool:
+        nonlocal writes
+        writes += 1
+        return writes == count
+
+    def die_half_written(target: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(f"{target}.tmp-{os.getpid()}", "wb") as handle:
+            handle.write(data[: len(data) // 2])
+            handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def write(target: str, data: bytes) -> None:
-        seen["writes"] += 1
-        if seen["writes"] == count:
-            with open(f"{target}.tmp-{os.getpid()}", "wb") as handle:
-                handle.write(data[: len(data) // 2])
-                handle.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
-        original(target, data)
+        if due():
+            die_half_written(target, data)
+        write_local(target, data)
+
+    def copy(source: Path, target: str) -> None:
+        if due():
+            die_half_written(target, Path(source).read_bytes())
+        copy_local(source, target)
 
     store._write_local = write
+    store._copy_local = copy
 
 
 def _child(request: dict) -> None:

@@ -74,6 +74,7 @@ def test_random_sigkills_resume_bit_exact(server: ForkServer, reference: dict, t
             assert code == -signal.SIGKILL, log.read_text()[-3000:]
             kills += 1
         assert code == 0, "the run never finished"
+        assert not list((folder / "out").rglob("*.tmp-*")), "half-written files left behind"
         assert adapter_bytes(folder / "out") == reference["adapter"]
         assert train_losses(folder / "out") == reference["losses"]
     assert in_write >= 1

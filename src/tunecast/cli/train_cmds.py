@@ -145,8 +145,10 @@ def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check
                   f"{escape(str(result.final))}. Pass --fresh to train again.")
         return 0
     if not result.finished:
-        err.print(f"[yellow]Preempted ({result.signal}): checkpoint at step {result.steps} of {result.total_steps} "
-                  f"saved in {escape(result.output)}. Run the same command again to resume.[/]")
+        saved = (f"checkpoint at step {result.steps} of {result.total_steps} saved" if result.total_steps else
+                 f"stopped before training started, nothing new to save (the run is at step {result.steps})")
+        err.print(f"[yellow]Preempted ({result.signal}): {saved} in {escape(result.output)}. Run the same command "
+                  "again to resume.[/]")
         return EXIT_PREEMPTED
     if not json_output:
         out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}). "

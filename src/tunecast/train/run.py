@@ -132,6 +132,9 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
     with locked(storage) as lock:
         if lock.took_over:
             reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed)")
+        leftovers = storage.remove_temporaries()
+        if leftovers:
+            reporter.event("start", f"removed {len(leftovers)} half-written file(s) a killed run left")
         store = CheckpointStore(storage)
         found, skipped = store.newest_valid()
         for bad in skipped:
@@ -149,9 +152,15 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
                 result.final = storage.url_of(FINAL)
                 return result
         from tunecast.train.session import build_session
+        from tunecast.train.signals import Preempted
 
-        session = build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store, lock=lock,
-                                found=found, resolved_then=resolved_then, result=result)
+        try:
+            session = build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store,
+                                    lock=lock, found=found, resolved_then=resolved_then, result=result)
+        except Preempted as stop:  # before the first step: the checkpoint resumed from (if any) stays as it is
+            result.signal = stop.signal_name
+            result.steps = found.step if found is not None else 0
+            return result
         from tunecast.train.loop import train
 
         outcome = train(session)

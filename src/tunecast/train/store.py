@@ -38,6 +38,7 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 CHECKPOINTS = "checkpoints"
 STEP_PATTERN = re.compile(r"^step-(\d{8,})$")
+TEMPORARY = re.compile(r"\.tmp-\d+$")  # a file being written: `{name}.tmp-{pid}`
 HASH_CHUNK = 1 << 22
 LOCK = ".tunecast.lock"
 # A lock on object storage cannot be tied to a process; its holder refreshes it, and one not refreshed for
@@ -131,8 +132,18 @@ class Storage:
             raise TunecastError(f"cannot remove {self.url}/{'/'.join(parts)}: {error.strerror or error}",
                                 field="output", hint="check the output storage's permissions") from None
 
-    def move(self, source: str, destination: str) -> None:
-        self.fs.mv(self.path(source), self.path(destination), recursive=True)
+    def remove_temporaries(self) -> list[str]:
+        """Delete the half-written temporary files a killed writer left (local storage only: an object store
+        never shows a partial upload). Call it holding the run's lock."""
+        if not self.local or not os.path.isdir(self.root):
+            return []
+        removed = []
+        for folder, _, names in os.walk(self.root):
+            for name in names:
+                if TEMPORARY.search(name):
+                    os.unlink(os.path.join(folder, name))
+                    removed.append(os.path.relpath(os.path.join(folder, name), self.root))
+        return removed
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

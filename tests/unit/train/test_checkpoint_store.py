@@ -461,3 +461,15 @@ def test_a_remote_lock_of_a_dead_process_on_this_host_is_taken_over(memory_url: 
 
     assert lock.took_over == f"pid {dead_pid} on {socket.gethostname()}"
     lock.release()
+
+
+def test_half_written_files_of_a_killed_writer_are_removed(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "run"))
+    CheckpointStore(storage).save(1, FILES, {})
+    left = tmp_path / "run" / "checkpoints" / "step-00000002" / "optimizer.pt.tmp-4242"
+    left.parent.mkdir(parents=True)
+    left.write_bytes(b"half")
+    assert storage.remove_temporaries() == ["checkpoints/step-00000002/optimizer.pt.tmp-4242"]
+    assert not left.exists()
+    loaded, _ = CheckpointStore(storage).newest_valid()
+    assert loaded is not None and loaded.step == 1
