@@ -27,10 +27,10 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tunecast.errors import TunecastError
 
@@ -91,24 +91,25 @@ class Storage:
     def write(self, relative: str, data: bytes) -> None:
         """`data` under `relative`, whole or not at all."""
         target = self.path(relative)
-        try:
+        with self._writing(relative):
             if self.local:
                 _write_local(target, data)
             else:
                 self.fs.pipe_file(target, data)
-        except OSError as error:
-            raise TunecastError(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
-                                hint="free space on the output storage or check its permissions; the previous "
-                                     "checkpoint is intact") from None
 
     def write_file(self, relative: str, source: Path) -> None:
         """The local file `source` under `relative`, copied in chunks (never whole in memory), whole or not at all."""
         target = self.path(relative)
-        try:
+        with self._writing(relative):
             if self.local:
                 _copy_local(source, target)
             else:
                 self.fs.put_file(str(source), target)
+
+    @contextlib.contextmanager
+    def _writing(self, relative: str) -> Iterator[None]:
+        try:
+            yield
         except OSError as error:
             raise TunecastError(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
                                 hint="free space on the output storage or check its permissions; the previous "
@@ -152,32 +153,29 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 def _write_local(target: str, data: bytes) -> None:
+    _write_durably(target, lambda out: out.write(data))
+
+
+def _copy_local(source: Path, target: str) -> None:
+    def copy(out: BinaryIO) -> None:
+        with open(source, "rb") as reader:
+            while chunk := reader.read(HASH_CHUNK):
+                out.write(chunk)
+
+    _write_durably(target, copy)
+
+
+def _write_durably(target: str, fill: Callable[[BinaryIO], object]) -> None:
+    """`fill` writes the content to a temporary name beside `target`; then fsync, rename, fsync the folder:
+    under its final name a file is always whole."""
     folder = os.path.dirname(target)
     os.makedirs(folder, exist_ok=True)
     temporary = f"{target}.tmp-{os.getpid()}"
     try:
         with open(temporary, "wb") as handle:
-            handle.write(data)
+            fill(handle)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_folder(folder)
-
-
-def _copy_local(source: Path, target: str) -> None:
-    folder = os.path.dirname(target)
-    os.makedirs(folder, exist_ok=True)
-    temporary = f"{target}.tmp-{os.getpid()}"
-    try:
-        with open(source, "rb") as reader, open(temporary, "wb") as writer:
-            while chunk := reader.read(HASH_CHUNK):
-                writer.write(chunk)
-            writer.flush()
-            os.fsync(writer.fileno())
         os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
