@@ -31,7 +31,7 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, TunecastError
 from tunecast.train.signals import PreemptionFlag
-from tunecast.train.store import CheckpointStore, Storage, locked, read_set
+from tunecast.train.store import LOCK, CheckpointStore, Storage, locked, read_set
 
 FINAL = "final"
 BASE = "base"
@@ -100,7 +100,7 @@ def config_hash(document: dict[str, Any]) -> str:
 
 def move_aside(storage: Storage) -> str | None:
     """Move an existing run out of the way (`--fresh`); returns where it went."""
-    if not storage.exists() or not storage.listdir():
+    if not storage.exists() or not [name for name in storage.listdir() if name != LOCK]:
         return None
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     target = f"{storage.url}.old-{stamp}"
@@ -112,7 +112,7 @@ def final_complete(storage: Storage) -> bool:
     from tunecast.train.store import InvalidSet
 
     try:
-        read_set(storage, FINAL)
+        read_set(storage, FINAL, keep=False)
     except InvalidSet:
         return False
     return True
@@ -125,7 +125,9 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
     url = output_url(spec)
     storage = Storage(url)
     result = TrainResult(output=url, finished=False)
-    if request.fresh:
+    if request.fresh and storage.exists():
+        with locked(storage):  # a run still writing there stops --fresh, as it would stop a resume
+            pass
         moved = move_aside(storage)
         if moved:
             reporter.event("start", f"--fresh: the earlier run moved to {moved}")
@@ -161,6 +163,7 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
             result.signal = stop.signal_name
             result.steps = found.step if found is not None else 0
             return result
+        found = None  # its files are restored: do not hold them in memory for the whole run
         from tunecast.train.loop import train
 
         outcome = train(session)

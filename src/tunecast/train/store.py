@@ -224,9 +224,10 @@ def write_set(storage: Storage, folder: str, files: Mapping[str, bytes | Path], 
     storage.write(f"{folder}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
 
 
-def read_set(storage: Storage, folder: str) -> tuple[dict[str, Any], dict[str, bytes]]:
-    """The manifest and files of a set, each file checked against its size and checksum. Raises
-    `InvalidSet` saying what is wrong."""
+def read_set(storage: Storage, folder: str, *, keep: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The manifest and files of a set, each file checked against its size and checksum (read in chunks).
+    With `keep` false the files are only verified, never held in memory whole (the files returned are
+    empty). Raises `InvalidSet` saying what is wrong."""
     try:
         raw = storage.read(folder, MANIFEST)
     except FileNotFoundError:
@@ -240,15 +241,22 @@ def read_set(storage: Storage, folder: str) -> tuple[dict[str, Any], dict[str, b
     files: dict[str, bytes] = {}
     for name, expected in listed.items():
         size, digest = _listed(name, expected)
+        hasher, chunks, length = hashlib.sha256(), [], 0
         try:
-            data = storage.read(folder, name)
+            with storage.fs.open(storage.path(folder, name), "rb") as handle:
+                while chunk := handle.read(HASH_CHUNK):
+                    hasher.update(chunk)
+                    length += len(chunk)
+                    if keep:
+                        chunks.append(chunk)
         except FileNotFoundError:
             raise InvalidSet(f"{name} is missing") from None
-        if len(data) != size:
-            raise InvalidSet(f"{name} has {len(data):,} bytes, the manifest says {size:,} (truncated)")
-        if sha256(data) != digest:
+        if length != size:
+            raise InvalidSet(f"{name} has {length:,} bytes, the manifest says {size:,} (truncated)")
+        if hasher.hexdigest() != digest:
             raise InvalidSet(f"{name} does not match its SHA-256 (corrupted)")
-        files[name] = data
+        if keep:
+            files[name] = b"".join(chunks)
     return manifest, files
 
 
