@@ -5,30 +5,37 @@ What runs. One model for everything: the demo Llama of examples/tiny-model widen
 from the seed, the demo's byte-level BPE tokenizer of 1,024 tokens), LoRA rank 16 on every linear layer, fp32,
 AdamW (torch's fused kernel in all three), a linear schedule without warm-up, gradient clipping at 1.0,
 micro-batch 4 × no accumulation, sequences of 256 tokens, the same seed. Each run is a fresh process, one at
-a time, all with the same thread count; every measurement is repeated REPEATS times, frameworks alternating.
+a time, all with the same thread count; 1 and 2 run REPEATS times per framework, frameworks alternating, 3 and 4
+CHECKPOINT_REPEATS times.
 
 1. Fixed-length data (every example exactly SEQ_LEN tokens: generated text longer than that, truncated):
    tunecast vs Trainer vs SFTTrainer (when TRL is installed). Target: tunecast ≥ 1.0× Trainer.
 2. Variable-length data (lengths spread evenly from SEQ_LEN/16 to SEQ_LEN tokens): tunecast with
-   `packing: true` vs a Trainer that pads each batch to its longest (DataCollatorForSeq2Seq, group_by_length
-   off). Counted: real (non-padding) tokens. Target: ≥ 1.3×.
+   `packing: true` vs a Trainer that pads each batch to its longest (DataCollatorForSeq2Seq, random sampler,
+   no length grouping). Counted: real (non-padding) tokens. Target: ≥ 1.3×.
 3. Checkpoints: tunecast with its automatic interval (checkpoint.every_steps and every_minutes unset) until
    an interval checkpoint has been written, vs the fixed-length runs of 1 (checkpoint.every_steps larger than
    the run). The write time is read off metrics.jsonl: the next step starts when the write ends.
 4. Resume: the run of 3 gets SIGTERM (it saves and exits 75); then the same command again, timed from its
    launch to the first new `train` line of metrics.jsonl.
 
+Same work. The Trainer gets tunecast's own token ids for the same file; SFTTrainer tokenizes the text itself
+(every example checked to be SEQ_LEN tokens). Both get `use_cache` off, as tunecast runs the model (otherwise
+transformers builds a KV cache in every training forward), `optim="adamw_torch_fused"`, and no checkpoints.
+
 Timing. tunecast: from metrics.jsonl, `elapsed_s` between consecutive train lines (wall time per step, all
-included) and `step_seconds` (forward, backward, clipping, optimizer). Trainer/SFTTrainer: a TrainerCallback,
-on_step_end to on_step_end (wall) and on_step_begin to on_step_end (the same part of the step). The first
-SKIP steps are warm-up and not counted; the figure is the median over the other steps of real tokens ÷ wall
-seconds. The Trainer and SFTTrainer are given the same token ids as tunecast (tunecast's tokenization of the
-same file; SFTTrainer tokenizes the text itself, which gives the same lengths) and `use_cache` off, as
-tunecast runs the model. Other processes on the machine slow every run: the CPU they used during each run is
-measured (/proc/stat less this benchmark's children) and shown.
+included) and `step_seconds` (forward, backward, clipping, optimizer step). Trainer/SFTTrainer: a
+TrainerCallback, on_step_end to on_step_end (wall) and on_step_begin to on_step_end (the same part of the
+step). The first SKIP steps are warm-up and not counted; a figure is the median over the other steps of all
+runs of real tokens ÷ wall seconds. Other processes on a shared machine slow a run several-fold (two threads
+that wait for each other lose a whole time slice when either is descheduled), so a sampler reads /proc/stat
+and the run's own CPU time every SAMPLE_S: a step is clean when other processes used under CLEAN_CORES of the
+cores the run leaves free, and figures are over clean steps when each side has MIN_CLEAN of them. Before each
+run the benchmark waits (up to QUIET_WAIT_S) for the machine to be quiet.
 
 Run:  .venv/bin/python benchmarks/train_speed.py            (about 10 minutes on 2 cores)
       .venv/bin/python benchmarks/train_speed.py --quick    (smoke test: one repeat, fewer steps; prints)
+      --raw FILE keeps every step's figures; --threads N runs every framework with N torch threads.
 Writes docs/benchmarks/train-speed.md.
 """
 
@@ -50,7 +57,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import metadata
 from itertools import pairwise
 from pathlib import Path
@@ -70,9 +77,10 @@ MODEL = {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "
          "num_key_value_heads": 2}
 SEQ_LEN = 256
 MICRO_BATCH = 4
-STEPS = 30
+STEPS = 20
 SKIP = 3  # warm-up steps left out of every figure
-REPEATS = 2
+REPEATS = 3  # runs of each framework in 1 and 2
+CHECKPOINT_REPEATS = 2  # runs of 3 and 4
 LORA = {"rank": 16, "alpha": 32, "dropout": 0.0, "targets": "all-linear"}
 LEARNING_RATE = 1e-4
 SEED = 0
@@ -334,14 +342,15 @@ def run_default_checkpoint(config: Path, env: dict[str, str], after: int) -> tup
     run = _tunecast_run("tunecast, automatic checkpoints", records, sampler, clean_below(env))
     start = next(r for r in records if r.get("event") == "start")
     train = {r["step"]: r for r in records if r["kind"] == "train"}
-    writes = []
+    writes, waited = [], []
     for event in (r for r in records if r.get("event") == "checkpoint" and r["reason"] == "interval"):
         following = train.get(event["step"] + 1)
         if following is not None:  # the next step starts when the write (and that step's collation) ends
             writes.append(following["elapsed_s"] - following["step_seconds"] - event["elapsed_s"])
+            waited.append(event["step"])  # that step's index in the run: its wall time includes the write
     reported = [line for line in (config.parent / "stderr.txt").read_text().splitlines()
                 if line.startswith("checkpoint at step") and "(interval" in line]
-    return run, {"policy": start["checkpoint_policy"], "writes_s": writes, "reported": reported,
+    return run, {"policy": start["checkpoint_policy"], "writes_s": writes, "waited": waited, "reported": reported,
                  "steps": len(run.tokens), "wall_s": sum(run.wall_s)}
 
 
@@ -550,6 +559,7 @@ def _rows(runs: dict[str, list[Run]], baseline: str) -> tuple[list[str], float]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child")
+    parser.add_argument("--raw", type=Path, help="also write every run's per-step figures to this JSON file")
     parser.add_argument("--threads", type=int, default=CORES, help=f"torch threads of every run (default {CORES})")
     parser.add_argument("--quick", action="store_true",
                         help="one repeat, fewer steps; print the report instead of writing the doc")
@@ -591,7 +601,7 @@ def main() -> int:
         print("3, 4. automatic checkpoints, then SIGTERM and resume", flush=True)
         checkpoint_runs: list[tuple[Run, dict[str, Any]]] = []
         resumes: list[dict[str, float]] = []
-        for _ in range(repeats):
+        for _ in range(1 if args.quick else CHECKPOINT_REPEATS):
             wait_for_quiet()
             config = tunecast_config(root / f"run-{next(count)}", model, fixed, steps=100_000)
             run, info = run_default_checkpoint(config, env, after=2 if args.quick else 5)
@@ -603,6 +613,11 @@ def main() -> int:
             print(f"resume: {resumes[-1]}", flush=True)
     total_s = time.monotonic() - began
     print(f"benchmark took {total_s / 60:.1f} min", flush=True)
+    if args.raw:
+        args.raw.write_text(json.dumps({
+            "fixed": {name: [asdict(run) for run in group] for name, group in fixed_runs.items()},
+            "variable": {name: [asdict(run) for run in group] for name, group in variable_runs.items()},
+            "checkpoint": [{"run": asdict(run), **info} for run, info in checkpoint_runs], "resume": resumes}))
     text = report(fixed_runs, variable_runs, checkpoint_runs, resumes, total_s, args.threads)
     if args.quick:
         print(text)
@@ -621,13 +636,13 @@ def report(fixed_runs: dict[str, list[Run]], variable_runs: dict[str, list[Run]]
     writes = [w for _, info in checkpoint_runs for w in info["writes_s"]]
     share = [sum(info["writes_s"]) / info["wall_s"] for _, info in checkpoint_runs]
 
-    def per_step(runs: list[Run], clean: bool) -> list[float]:
-        if clean:
-            return [statistics.median(r.wall_s[i] for i in r.steady(clean=True)) if r.steady(clean=True)
-                    else float("nan") for r in runs]
-        return [statistics.mean(r.wall_s[i] for i in r.steady()) for r in runs]
+    def mean_step(run: Run, waited: list[int]) -> float:
+        """Mean wall seconds per step over the clean steps and every step that waited for a write."""
+        steps = sorted(set(run.steady(clean=True)) | {i for i in waited if i >= SKIP})
+        return statistics.mean(run.wall_s[i] for i in steps) if steps else float("nan")
 
-    automatic = [run for run, _ in checkpoint_runs]
+    on = [mean_step(run, info["waited"]) for run, info in checkpoint_runs]
+    off = [mean_step(run, []) for run in fixed_runs["tunecast"]]
     lines = [
         f"Measured with `.venv/bin/python benchmarks/train_speed.py` on {time.strftime('%Y-%m-%d')}: "
         f"{platform.machine()}, {CORES} cores, {threads} torch thread(s) in every run (OMP_NUM_THREADS), "
@@ -674,13 +689,11 @@ def report(fixed_runs: dict[str, list[Run]], variable_runs: dict[str, list[Run]]
         f"| **overhead: writes ÷ training wall time** | {', '.join(f'{s:.2%}' for s in share)} | "
         f"**{statistics.median(share):.2%}** |",
     ]
-    for label, clean in (("mean wall s per step, all steady steps", False), ("median wall s per step, clean steps",
-                                                                              True)):
-        on, off = per_step(automatic, clean), per_step(fixed_runs["tunecast"], clean)
-        lines += [f"| {label}: automatic checkpoints | {', '.join(f'{v:.3f}' for v in on)} | "
-                  f"{statistics.median(on):.3f} |",
-                  f"| {label}: checkpoints off | {', '.join(f'{v:.3f}' for v in off)} | {statistics.median(off):.3f} |",
-                  f"| A/B difference, % of step time | | {statistics.median(on) / statistics.median(off) - 1:+.1%} |"]
+    lines += [f"| mean wall s per step (clean steps, and the steps that waited for a write): automatic checkpoints | "
+              f"{', '.join(f'{v:.3f}' for v in on)} | {statistics.median(on):.3f} |",
+              f"| the same, checkpoints off | {', '.join(f'{v:.3f}' for v in off)} | {statistics.median(off):.3f} |",
+              f"| A/B difference, % of step time (noise included) | | "
+              f"{statistics.median(on) / statistics.median(off) - 1:+.1%} |"]
     lines += [
         "",
         "tunecast's own report of each write (stderr): "
