@@ -194,8 +194,8 @@ def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: T
     then = manifest.get("requested", {})
     refused, allowed = config_changes(then, requested)
     if refused:
-        listed = ", ".join(f"{key} ({_flatten(then).get(key)!r} → {_flatten(requested).get(key)!r})"
-                           for key in refused[:6])
+        old, new = _flatten(then), _flatten(requested)
+        listed = ", ".join(f"{key} ({old.get(key)!r} → {new.get(key)!r})" for key in refused[:6])
         more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
         raise TunecastError(f"the config changed since the checkpoint in a way that changes training: {listed}{more}",
                             field=refused[0],
