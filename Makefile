@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -q -n 2
+	$(BIN)/pytest -q -n 2 --dist worksteal --durations=25
 
 test: lint unit
 

@@ -32,8 +32,13 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 
 @pytest.fixture(scope="session")
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One profile cache for the estimator tests of a session: traces of the same model and settings are
-    deterministic, so sharing them changes no result and saves most of the tracing time."""
+    """One profile cache for the estimator tests of a session, shared by every xdist worker: traces of the
+    same model and settings are deterministic and written atomically, so sharing them changes no result and
+    saves most of the tracing time."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "profile-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("profile-cache")
 
 

@@ -31,7 +31,9 @@ def plan_args(model: str, *extra: str) -> list[str]:
 
 
 def test_plan_json_follows_the_contract(cli, model) -> None:
-    result = cli(*plan_args(model, "--gpu", "H100", "--json"))  # an alias: options name the canonical slug
+    # the batch shape fixed: one memory estimate per GPU count (the planner's choices are tested elsewhere)
+    result = cli(*plan_args(model, "--gpu", "H100", "--micro-batch", "1", "--no-grad-checkpointing", "--json"))
+    # (--gpu is an alias: options name the canonical slug)
     assert result.code == 0, result.stderr
     document = result.json()
     assert {"schema_version", "spec", "dataset", "options"} <= set(document)
@@ -83,8 +85,9 @@ def test_breakeven_in_units_of_work(cli, tmp_path) -> None:
     model.write_text(json.dumps(tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
                                            num_key_value_heads=4)))
     run = tmp_path / "run.yaml"
-    run.write_text(f"model: {model}\nmethod: lora\nseq_len: 1024\nglobal_batch: 8\n"
-                   "dataset:\n  examples: 1000000\n  mean_tokens: 200\n")
+    # the batch shape fixed: one memory estimate per card
+    run.write_text(f"model: {model}\nmethod: lora\nseq_len: 1024\nglobal_batch: 8\nmicro_batch: 8\n"
+                   "grad_checkpointing: false\ndataset:\n  examples: 1000000\n  mean_tokens: 200\n")
     result = cli("breakeven", "--gpu", "rtx-4090", "--rent-gpu", "h100-sxm", "--run", str(run), "--json")
     assert result.code == 0, result.stderr
     work = result.json()["work"]

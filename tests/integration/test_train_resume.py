@@ -55,6 +55,9 @@ def test_random_sigkills_resume_bit_exact(server: ForkServer, reference: dict, t
     new output) until KILLS kills have landed."""
     chooser = random.Random(20261130)
     kills = in_write = rounds = 0
+    # kill times are drawn within the uninterrupted run's duration; a run that finishes before its kill (the
+    # machine got faster, or little was left after a resume) narrows the span, so that kills keep landing
+    span = float(reference["seconds"])
     while kills < KILLS:
         rounds += 1
         assert rounds <= 6, f"only {kills} kills landed in {rounds - 1} runs"
@@ -68,7 +71,10 @@ def test_random_sigkills_resume_bit_exact(server: ForkServer, reference: dict, t
                 code = server.run(args, log, kill_in_write=chooser.randint(2, 14))
                 in_write += code == -signal.SIGKILL
             else:
-                code, _ = server.run_and_signal(args, log, after_s=chooser.uniform(0.2, float(reference["seconds"])))
+                after_s = chooser.uniform(0.2, span)
+                code, _ = server.run_and_signal(args, log, after_s=after_s)
+                if code == 0:
+                    span = max(1.0, 0.6 * after_s)
             if code == 0:
                 break
             assert code == -signal.SIGKILL, log.read_text()[-3000:]
