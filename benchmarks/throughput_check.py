@@ -142,6 +142,72 @@ def _ratio_row(catalog: Any, row: dict[str, str]) -> Row:
     return Row(row["id"], what, ratio, float(row["measured"]), note)
 
 
+PEFT_DATA = REPO / "benchmarks" / "data" / "throughput-peft-measured.csv"
+PEFT_MARK = "throughput-peft"
+# How the runs' settings map onto a RunSpec. "flash" attention is traced as SDPA (neither keeps a seq × seq
+# matrix); fp16 runs were mixed precision.
+PEFT_PRECISION = {"bf16": "bf16", "fp16": "fp16-mixed"}
+PEFT_UNITS = ("tokens_per_second_real", "tokens_per_second")
+
+
+def _peft_settings(row: dict[str, str]) -> dict[str, Any] | str:
+    """The RunSpec keys of one transformers + peft measurement, or why it cannot be expressed."""
+    if row["unit"] not in PEFT_UNITS:
+        return f"unit {row['unit']!r}: the source gives no token count to turn it into tokens/s"
+    method = row["method"]
+    precision = PEFT_PRECISION.get(row["precision"].split(";")[0].strip(), "bf16")
+    if method in ("qlora",) or row["precision"].startswith("nf4"):
+        precision = "bf16"
+    packed = row["packed"].startswith("yes")
+    seq = int(row["seq_len"])
+    settings: dict[str, Any] = {
+        "model": row["model"], "method": "lora" if method == "dora" else method, "precision": precision,
+        "micro_batch": int(row["micro_batch"]), "grad_accum": int(row["grad_accum"] or 1), "seq_len": seq,
+        "packing": packed, "grad_checkpointing": row["grad_checkpointing"].startswith("yes"),
+        "optimizer": "adamw", "gpus.count": 1, "gpus.gpu": row["gpu"], "plan.memory_margin": 0.0,
+        "attention": "eager" if row["attention"].startswith("eager") else "sdpa",
+        "dataset.examples": 100_000,
+        "dataset.mean_tokens": float(row["mean_tokens"]) if row["mean_tokens"][:1].isdigit() else seq,
+    }
+    if method != "full":
+        targets = [t.strip() for t in row["lora_targets"].split(";") if t.strip()]
+        settings.update({"lora.rank": int(row["lora_rank"]), "lora.alpha": 2 * int(row["lora_rank"]),
+                         "lora.targets": targets if targets and targets != ["all-linear"] else "all-linear",
+                         "lora.dora": method == "dora"})
+    return settings
+
+
+def check_peft() -> tuple[list[Row], list[tuple[str, str]]]:
+    """tokens/s of transformers + peft runs on one GPU against the planner's prediction for the same run."""
+    from tunecast.catalog.store import load_catalog
+
+    catalog = load_catalog(None)
+    rows: list[Row] = []
+    skipped: list[tuple[str, str]] = []
+    with PEFT_DATA.open() as handle:
+        for row in csv.DictReader(handle):
+            settings = _peft_settings(row)
+            if isinstance(settings, str):
+                skipped.append((row["id"], settings))
+                continue
+            if catalog.models.find(row["model"]) is None:
+                skipped.append((row["id"], f"{row['model']} is not in the model catalog"))
+                continue
+            started = time.perf_counter()
+            configured = _configure(catalog, settings, row["gpu"], 1)
+            what = (f"{row['model'].split('/')[-1]} {row['method']} {row['gpu']}, micro-batch {settings['micro_batch']}"
+                    f" × {settings['seq_len']} {'packed' if settings['packing'] else 'padded'}")
+            if isinstance(configured, str):
+                rows.append(Row(row["id"], what, None, float(row["measured"]), configured))
+                continue
+            step = configured.step
+            note = (f"step {step.total_s:.3f} s (compute {step.compute_s:.3f}, dispatch {step.dispatch_s:.3f}, "
+                    f"optimizer {step.optimizer_s:.3f}, dequantize {step.dequantize_s:.3f})")
+            rows.append(Row(row["id"], what, configured.tokens_per_second, float(row["measured"]), note))
+            print(f"{row['id']}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return rows, skipped
+
+
 def check() -> tuple[list[Row], list[tuple[str, str]]]:
     from tunecast.catalog.store import load_catalog
 
@@ -190,6 +256,12 @@ def main() -> None:
     rows, skipped = check()
     text = render(rows, skipped)
     write_section(DOC, MARK, text)
+    print(text)
+    rows, skipped = check_peft()
+    text = render(rows, skipped)
+    signed = [row.error for row in rows if row.error is not None]
+    text += f"\n\nMedian signed error: **{statistics.median(signed):+.1%}**."
+    write_section(DOC, PEFT_MARK, text)
     print(text)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -35,6 +36,13 @@ class Gpu(CatalogRow):
     pcie_gen: int = Field(ge=3)
     tdp_w: float = Field(gt=0)
     purchase_usd: float | None = Field(None, gt=0)
+    measured: Any = Field(None, exclude=True, repr=False)
+    """What `tunecast probe` measured on this device (a `catalog.devices.DeviceFigures`); None for a row of
+    datasheet figures. Not a CSV column."""
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        return [name for name in super().columns() if name != "measured"]
 
     @field_validator("aliases", mode="before")
     @classmethod

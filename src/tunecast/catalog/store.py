@@ -1,9 +1,14 @@
 """The catalog: bundled GPU, offer and model data, merged with the user's own catalog directory.
 
 A user directory (`--catalog DIR`, `$TUNECAST_CATALOG`, or ~/.local/share/tunecast/catalog) may hold
-`gpus.csv`, `offers.csv`, and `models.csv` with `models/*.json`, in the bundled files' format. Its rows
-add to the bundled ones and replace those with the same key (a GPU's slug, a model's name, an offer's
-provider, GPU, node size, instance type and region).
+`gpus.csv`, `offers.csv`, `volume_defaults.csv`, and `models.csv` with `models/*.json`, in the bundled files'
+format, and the devices `tunecast probe` measured (`devices.csv`, `device_measurements.csv`). Its rows add to
+the bundled ones and replace those with the same key (a GPU's slug, a model's name, an offer's provider, GPU,
+node size, instance type and region, a kind of provider).
+
+Every offer, bundled or the user's, that publishes no volume price is given the default for its kind of
+provider here, once the offers are merged (see `tunecast.catalog.offers`): the planner prices storage from the
+offers it is handed and needs nothing else.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
+from tunecast.catalog.devices import with_measured
 from tunecast.catalog.gpus import Gpu, GpuIndex
 from tunecast.catalog.models import ModelEntry, ModelIndex
-from tunecast.catalog.offers import Offer
+from tunecast.catalog.offers import Offer, VolumeDefault, VolumeDefaults, volume_defaults, with_volume_default
 from tunecast.catalog.overheads import Overhead
 from tunecast.catalog.rows import parse_rows
 from tunecast.catalog.throughput import ThroughputConstants, ThroughputRow
@@ -29,6 +35,7 @@ OVERHEADS_FILE = "overheads.csv"
 THROUGHPUT_FILE = "throughput.csv"
 MODELS_FILE = "models.csv"
 MODELS_DIR = "models"
+VOLUME_DEFAULTS_FILE = "volume_defaults.csv"
 
 
 def bundled_data_dir() -> Path:
@@ -44,6 +51,9 @@ class Catalog:
     offers: tuple[Offer, ...]
     models: ModelIndex
     user_dir: Path | None
+    volume_defaults: VolumeDefaults
+    """Volume prices assumed by kind of provider. The offers above already carry theirs; an offer built
+    elsewhere (a user's own price) gets its default with `with_volume_default(offer, catalog.volume_defaults)`."""
     overheads: tuple[Overhead, ...] = ()
     throughput: ThroughputConstants = field(default_factory=lambda: ThroughputConstants(()))
 
@@ -106,6 +116,9 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
     models = _model_entries(bundled, "catalog")
     overheads = {(row.name, row.architecture): row
                  for row in parse_rows(_read(bundled / OVERHEADS_FILE), Overhead, OVERHEADS_FILE)}
+    volumes = {row.kind: row for row in parse_rows(_read(bundled / VOLUME_DEFAULTS_FILE), VolumeDefault,
+                                                   VOLUME_DEFAULTS_FILE)}
+    volumes_label = VOLUME_DEFAULTS_FILE
 
     active_user_dir = user_dir if user_dir is not None and user_dir.is_dir() else None
     user_offers: list[Offer] = []
@@ -120,18 +133,25 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         if (active_user_dir / OVERHEADS_FILE).exists():
             for row in parse_rows(_read(active_user_dir / OVERHEADS_FILE), Overhead, f"{label}/{OVERHEADS_FILE}"):
                 overheads[(row.name, row.architecture)] = row
+        if (active_user_dir / VOLUME_DEFAULTS_FILE).exists():
+            volumes_label = f"{label}/{VOLUME_DEFAULTS_FILE}"
+            for volume in parse_rows(_read(active_user_dir / VOLUME_DEFAULTS_FILE), VolumeDefault, volumes_label):
+                volumes[volume.kind] = volume
 
-    index = GpuIndex(gpus.values())
+    # devices measured by `tunecast probe` (devices.csv): figures for catalog GPUs, rows for the others
+    index = GpuIndex(with_measured(gpus, active_user_dir).values())
     merged = {offer.key: offer for offer in _canonical_offers(offers, index, "catalog")}
     if user_offers:
         for offer in _canonical_offers(user_offers, index, str(active_user_dir)):
             merged[offer.key] = offer
+    defaults = volume_defaults(volumes.values(), volumes_label)
     return Catalog(
         version=str(meta["version"]),
         gpus=index,
-        offers=tuple(merged.values()),
+        offers=tuple(with_volume_default(offer, defaults) for offer in merged.values()),
         models=ModelIndex(models),
         user_dir=active_user_dir,
+        volume_defaults=defaults,
         overheads=tuple(overheads.values()),
         throughput=ThroughputConstants(tuple(parse_rows(_read(bundled / THROUGHPUT_FILE), ThroughputRow,
                                                         THROUGHPUT_FILE))),

@@ -68,7 +68,15 @@ def state(ctx: typer.Context) -> State:
 
 
 def _register() -> None:
-    from tunecast.cli import catalog_cmds, config_cmds, data_cmds, estimate_cmds, plan_cmds, train_cmds
+    from tunecast.cli import (
+        catalog_cmds,
+        config_cmds,
+        data_cmds,
+        estimate_cmds,
+        measure_cmds,
+        plan_cmds,
+        train_cmds,
+    )
 
     catalog_cmds.register(app)
     config_cmds.register(app)
@@ -76,6 +84,7 @@ def _register() -> None:
     data_cmds.register(app)
     plan_cmds.register(app)
     train_cmds.register(app)
+    measure_cmds.register(app)
 
 
 _register()

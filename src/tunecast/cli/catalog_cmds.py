@@ -105,12 +105,23 @@ def offers_command(
         cells = [o.gpu] if only_gpu is None else []
         cells += [o.provider, str(o.gpu_count), format_usd(o.usd_per_hour),
                   format_usd(o.spot_usd_per_hour) if o.spot_usd_per_hour else "—", _billing(o),
-                  f"{o.volume_usd_per_gb_month:g}" if o.volume_usd_per_gb_month is not None else "—",
+                  _volume(o),
                   as_of, escape(_short_source(o.source))]
         table.add_row(*cells)
     out.print(table)
+    if any(o.volume_default is not None for o in offers):
+        out.print("[dim]~ assumed: no published disk price, so the default for the provider's kind "
+                  "(`tunecast offers --json` shows it, with its source).[/]")
     if stale:
         err.print(f"[yellow]* {stale} offer(s) are older than 90 days; prices may have moved.[/]")
+
+
+def _volume(offer: Offer) -> str:
+    """The disk price a run is charged; an assumed default is marked with ~."""
+    price = offer.storage_usd_per_gb_month
+    if price is None:
+        return "—"
+    return f"~{price:g}" if offer.volume_default is not None else f"{price:g}"
 
 
 def _billing(offer: Offer) -> str:

@@ -14,7 +14,7 @@ from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.errors import TunecastError
+from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -34,6 +34,9 @@ def plan_command(
     preemptions: Annotated[float | None, typer.Option(
         "--preemptions-per-hour", help="Spot preemption rate to assume for every offer.")] = None,
     top: Annotated[int, typer.Option("--top", help="Options shown in the table (the JSON has all).")] = 15,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", metavar="FILE", help="A calibration.json from `tunecast calibrate`: the calibrated device "
+        "runs at its measured speed, the others' predictions are corrected by it.")] = None,
     json_output: JsonFlag = False,
     *,
     spec_args: SpecArgs,
@@ -41,10 +44,12 @@ def plan_command(
     """Every GPU and count: the fastest configuration that fits, tokens/s, hours, and the whole run's cost per
     offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
     from tunecast.catalog.store import today
+    from tunecast.plan.calibration import read_calibration
     from tunecast.plan.report import PlanRequest, make_plan
 
     loaded = load_from_cli(ctx, config, spec_args)
-    request = PlanRequest(optimize, budget, deadline, preemptions)
+    request = PlanRequest(optimize, budget, deadline, preemptions,
+                          read_calibration(calibration) if calibration is not None else None)
     with err.status("Planning…") as status:
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
@@ -52,10 +57,11 @@ def plan_command(
         print_json(document)
         return
     _render_plan(document, top)
-    print_problems(list(loaded.warnings))
+    print_problems(list(loaded.warnings) + [Problem(**w) for w in document.get("warnings", [])])
 
 
 UNFIT_SHOWN = 8  # configurations that do not fit, listed with their reason under the table
+UNPRICED_SHOWN = 4  # configurations that fit but no offer prices, listed after the priced ones
 
 
 def _render_plan(document: dict[str, Any], top: int) -> None:
@@ -65,22 +71,34 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
               f"{data['processed_tokens']:,} tokens processed ({data['trained_tokens']:,} trained) over "
               f"{data['epochs']:g} epoch(s) · global batch {document['global_batch']} × {spec['seq_len']}")
     out.print(f"[dim]dataset: {escape(data['tokenizer'])}[/]")
+    if data.get("padding_assumption"):
+        out.print(f"[dim]padding: {escape(data['padding_assumption'])}[/]")
     options = document["options"]
     priced = [o for o in options if o["total_usd"] is not None]
+    # fitting options no offer prices — a measured device, or the one GPU asked for — shown with their speed
+    single = len({o["gpu"] for o in options}) == 1
+    unpriced = [o for o in options if o["fits"] and o["total_usd"] is None
+                and (single or o["basis"] == "measured")]
+    calibrated = document.get("calibration") is not None
     ranking = "total cost" if document["optimize"] == "cost" else "hours"
     table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced; ★ = Pareto front of "
                   "cost and time)", title_justify="left")
-    for heading, justify in (("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"),
-                             ("$/h", "right"), ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"),
-                             ("tok/s", "right"), ("hours", "right"), ("total", "right")):
+    columns = [("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"), ("$/h", "right"),
+               ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("tok/s", "right"), ("hours", "right"),
+               ("total", "right")] + ([("basis", "left")] if calibrated else [])
+    for heading, justify in columns:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for option in priced[:top]:
+    for option in priced[:top] + unpriced[:UNPRICED_SHOWN]:
+        cost = option["total_usd"] is not None
         table.add_row("★" if option["pareto"] else "", f"{option['gpu_count']}×{option['gpu']}",
-                      escape(option["provider"]), "spot" if option["spot"] else "",
-                      format_usd(option["usd_per_hour_total"]), f"{option['micro_batch']}×{option['grad_accum']}",
+                      escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "",
+                      format_usd(option["usd_per_hour_total"]) if cost else "—",
+                      f"{option['micro_batch']}×{option['grad_accum']}",
                       "yes" if option["grad_checkpointing"] else "", f"{option['device_total_gib']:.1f}",
-                      f"{option['tokens_per_second']:,.0f}", f"{option['hours']:.1f}",
-                      f"${option['total_usd']:,.2f}")
+                      f"{option['tokens_per_second']:,.0f}", f"{option['hours']:.1f}" if option["hours"] >= 0.05
+                      else f"{option['hours'] * 60:.1f} min",
+                      f"${option['total_usd']:,.2f}" if cost else "no price",
+                      *([option["basis"]] if calibrated else []))
     out.print(table)
     unfit = {(o["gpu"], o["gpu_count"]): o["notes"][0] for o in options if not o["fits"]}
     if unfit:
@@ -89,6 +107,11 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
             out.print(f"[dim]  {count}×{gpu}: {escape(reason.removeprefix('does not fit: '))}[/]")
         if len(unfit) > UNFIT_SHOWN:
             out.print(f"[dim]  … and {len(unfit) - UNFIT_SHOWN} more (--json lists them all)[/]")
+    if calibrated:
+        c = document["calibration"]
+        out.print(f"[dim]Calibrated on {escape(c['device'])}: {c['measured_tokens_per_second']:,.0f} tokens/s "
+                  f"measured; other options corrected (forward/backward ×{c['passes_factor']:.2f}, optimizer "
+                  f"×{c['optimizer_factor']:.2f}).[/]")
     for line in document["recommendations"]:
         out.print(f"• {escape(line)}")
     if document["filtered_out"]:

@@ -84,12 +84,17 @@ class SpecArgs:
     allow_download: bool
 
 
-def spec_command(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Give `function` every run-setting flag; it receives them as `spec_args: SpecArgs`."""
+def spec_command(function: Callable[..., Any] | None = None, *,
+                 without: tuple[str, ...] = ()) -> Any:
+    """Give `function` every run-setting flag (but those named in `without`, whose names the command uses for
+    itself); it receives them as `spec_args: SpecArgs`."""
+    if function is None:
+        return functools.partial(spec_command, without=without)
+    flags = [flag for flag in FLAGS if flag.param not in without]
     signature = inspect.signature(function, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "spec_args"]
     extra: list[inspect.Parameter] = []
-    for flag in FLAGS:
+    for flag in flags:
         option = typer.Option(*flag.names, help=_help(flag.key), rich_help_panel=PANEL, show_default=False)
         annotation = Annotated[flag.kind | None, option]  # type: ignore[valid-type]
         extra.append(inspect.Parameter(flag.param, inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -111,7 +116,7 @@ def spec_command(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         overrides: list[Override] = []
-        for flag in FLAGS:
+        for flag in flags:
             value = kwargs.pop(flag.param)
             if value is not None:
                 overrides.append(Override(flag.key, value, flag.names[0].split("/")[0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tunecast.catalog.devices import is_cpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
@@ -46,13 +47,17 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
     if device not in DEVICES:
         raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")
     spec, gpu = loaded.spec, loaded.gpu
-    if device == "cpu" and gpu is not None:
+    on_cpu = gpu is not None and is_cpu(gpu)
+    if device == "cpu" and gpu is not None and not on_cpu:
         raise TunecastError("--gpu needs --device cuda: a CPU estimate has no GPU to fit", field="--device",
                             hint="drop --gpu, or use --device cuda")
+    if on_cpu:
+        device = "cpu"  # `--gpu local` on a machine without a GPU: the CPU's memory is what must hold the run
     config = loaded.model.data
+    estimated_on = None if on_cpu else gpu
 
     def run(checkpointing: bool) -> MemoryEstimate:
-        return estimate_memory(spec, config, device=device, gpu=gpu, overheads=catalog.overheads,
+        return estimate_memory(spec, config, device=device, gpu=estimated_on, overheads=catalog.overheads,
                                grad_checkpointing=checkpointing)
 
     checkpointing = spec.grad_checkpointing is True
@@ -70,7 +75,7 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
             # `auto` is left open: the answer is the largest micro-batch that fits, as `tunecast train` takes it
             # (there, also dividing the sequences of a step)
             chosen = fit.max_micro_batch
-            estimate = estimate_memory(spec, config, device=device, gpu=gpu, overheads=catalog.overheads,
+            estimate = estimate_memory(spec, config, device=device, gpu=estimated_on, overheads=catalog.overheads,
                                        grad_checkpointing=checkpointing, micro_batch=chosen)
             estimate = replace(estimate, notes=(*estimate.notes, f"micro_batch auto: {chosen}, the largest that fits"))
             fit = fit_report(run_spec.model_copy(update={"micro_batch": chosen}), estimate, gpu,

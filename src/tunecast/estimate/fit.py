@@ -77,11 +77,14 @@ says the answer is wanted at this one shape (no sweep will follow)."""
 
 
 def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Overhead, ...]) -> Total:
-    """The `Total` the memory estimator gives for one model on one GPU."""
+    """The `Total` the memory estimator gives for one model on one GPU (or a probed CPU)."""
+    from tunecast.catalog.devices import is_cpu
+
+    on_cpu = is_cpu(gpu)
 
     def total(run: RunSpec, *, exact: bool = False, **shape: int) -> float:
-        return estimate_memory(run, config_data, device="cuda", gpu=gpu, overheads=overheads,
-                               exact_shape=exact, **shape).device_total_gib
+        return estimate_memory(run, config_data, device="cpu" if on_cpu else "cuda", gpu=None if on_cpu else gpu,
+                               overheads=overheads, exact_shape=exact, **shape).device_total_gib
 
     return total
 

@@ -90,6 +90,8 @@ class _Recorder:
         self.closed = False
         self.counting = False  # True while the measured step's forward and backward run
         self.elementwise_bytes = 0  # bytes written to new tensors by operations other than matmuls
+        self.random_elements = 0  # random numbers drawn (dropout's masks): costly per element on a CPU
+        self.transcendental_bytes = 0  # of elementwise_bytes, those written by exp/log/erf-like operations
         self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
 
     def track(self, tensor: Any, category: str | None = None) -> int:
@@ -143,6 +145,11 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
                 name = func.overloadpacket.__name__
                 if name not in _COMPUTE_OPS:
                     recorder.elementwise_bytes += written
+                if name.startswith(_TRANSCENDENTAL_OPS):
+                    recorder.transcendental_bytes += written
+                if name.startswith(_RANDOM_OPS):
+                    recorder.random_elements += sum(leaf.numel() for leaf in tree_leaves(out)
+                                                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
                 # prim:: operations (a tensor's device, its layout) are queries answered without a kernel
                 if not func.is_view and func.namespace != "prim" and name not in _NO_KERNEL_OPS:
                     recorder.kernels += 1
@@ -224,6 +231,12 @@ _COMPUTE_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm
 # Operations that allocate or relabel memory without launching a kernel.
 _NO_KERNEL_OPS = {"empty", "empty_strided", "empty_like", "_unsafe_view", "lift_fresh", "alias", "set_",
                   "resize_", "_reshape_alias", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
+# Elementwise operations whose arithmetic (exp, log, erf, tanh) rather than their memory traffic can set their
+# pace on a CPU: activations, softmax, the loss, normalisation's reciprocal square root.
+_TRANSCENDENTAL_OPS = ("exp", "log", "_log_softmax", "_softmax", "softmax", "gelu", "silu", "tanh", "sigmoid",
+                       "erf", "rsqrt", "pow", "_safe_softmax")
+# Operations that draw random numbers (dropout's masks).
+_RANDOM_OPS = ("bernoulli", "native_dropout", "rand", "uniform", "normal")
 _ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
                   "_scaled_dot_product_flash_attention_for_cpu_backward")
 
@@ -396,4 +409,6 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
             hook.remove()
     flops = _split_flops(counter) if count_flops else {}
     return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes),
+                                 "random_elements": float(recorder.random_elements),
+                                 "transcendental_bytes": float(recorder.transcendental_bytes),
                                  "kernels": float(recorder.kernels)})

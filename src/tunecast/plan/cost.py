@@ -4,7 +4,9 @@ capacity the expected cost of preemptions with the checkpoint interval that mini
 * Billing: the run's seconds (plus boot when the offer bills it) rounded up to the billing increment, at least
   the minimum charge. An offer's price is per GPU-hour; N GPUs cost N × that price. An offer for a node of
   G > 1 GPUs is rented whole: N GPUs cost ⌈N / G⌉ × G GPUs, and no more than G GPUs run on one node.
-* Storage: the dataset and the kept checkpoints on the offer's persistent volume for the run's duration.
+* Storage: the dataset and the kept checkpoints on the offer's persistent volume for the run's duration, at the
+  offer's published volume price, else at the default the catalog assumed for its kind of provider (named in the
+  option's notes; see `tunecast.catalog.offers`). Storage is part of every whole-run cost, never a silent $0.
 * Spot: preemptions arrive at rate λ (the offer's published rate, else the catalog's default). Each loses
   the work since the last checkpoint (half an interval on average) and a restart (boot, loading the weights
   and the checkpoint). Checkpointing every τ hours costs C (one write) each time. The expected cost is
@@ -79,7 +81,8 @@ class OfferCost:
     def as_dict(self) -> dict[str, Any]:
         return {"provider": self.provider, "spot": self.spot, "usd_per_hour_total": round(self.usd_per_hour_total, 4),
                 "hours": round(self.hours, 3), "compute_usd": round(self.compute_usd, 2),
-                "storage_usd": round(self.storage_usd, 2), "preemption_usd": round(self.preemption_usd, 2),
+                # a run's storage often costs less than a cent: to the cent it would read as a false $0.00
+                "storage_usd": round(self.storage_usd, 4), "preemption_usd": round(self.preemption_usd, 2),
                 "total_usd": round(self.total_usd, 2),
                 "checkpoint_interval_hours": round(self.checkpoint_interval_hours, 3),
                 "expected_preemptions": round(self.expected_preemptions, 2)}
@@ -123,9 +126,29 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
     preemption_usd = preemption_hours * rate
     wall_hours = run_hours + shape.boot_hours + preemption_hours
     storage_usd = 0.0
-    if offer.volume_usd_per_gb_month is not None:
-        storage_usd = shape.storage_gb * offer.volume_usd_per_gb_month * wall_hours / HOURS_PER_MONTH
-    else:
-        notes.append("no volume price listed: storage not counted")
+    volume_price = offer.storage_usd_per_gb_month
+    if volume_price is not None:
+        storage_usd = shape.storage_gb * volume_price * wall_hours / HOURS_PER_MONTH
+    note = _volume_note(offer)
+    if note:
+        notes.append(note)
     return OfferCost(offer.provider, spot, rate, wall_hours, compute_usd, storage_usd, preemption_usd, interval,
                      expected, tuple(notes))
+
+
+def _volume_note(offer: Offer) -> str | None:
+    """Why storage costs what it does, where that is not simply the offer's published price."""
+    default = offer.volume_default
+    if default is not None:
+        usd = default.volume_usd_per_gb_month
+        price = f"${usd:.2f}" if round(usd, 2) == usd else f"${usd:g}"  # cents, or every digit the price has
+        price += f"/GB-month of {default.kind} volumes"
+        if offer.provider not in default.providers:
+            return (f"storage at the assumed {price}, the dearest kind, as the catalog does not say what kind of "
+                    f"provider {offer.provider} is (no published price for this offer)")
+        return f"storage at the assumed {price} (no published price for this offer)"
+    if offer.volume_usd_per_gb_month is None:
+        return "no volume price, published or assumed: storage not counted"
+    if offer.volume_usd_per_gb_month == 0:
+        return "storage included in the offer's price (published volume price $0/GB-month)"
+    return None

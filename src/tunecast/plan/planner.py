@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date
 from typing import Any
 
+from tunecast.catalog.devices import from_probe, is_cpu
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
@@ -22,6 +23,7 @@ from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.estimate.settings import TraceSettings
+from tunecast.plan.calibration import Calibration
 from tunecast.plan.cost import OfferCost, RunShape, price_run
 from tunecast.plan.throughput import StepTime, forward_seconds, step_time
 from tunecast.plan.workload import Workload, evaluations, optimizer_steps
@@ -62,6 +64,7 @@ class Configuration:
     eval_hours: float
     changes: tuple[str, ...]
     notes: list[str] = field(default_factory=list)
+    basis: str = "predicted"  # "measured" (the calibrated run itself), "calibrated" or "predicted"
     # the largest micro-batch that fits, where memory holds it at SMALL_MICRO_BATCH or below although the
     # global batch gives each GPU more sequences per step; None when memory does not hold it down
     memory_bound_micro_batch: int | None = None
@@ -99,6 +102,7 @@ class Option:
             "eval_hours": round(c.eval_hours, 3) if c else None,
             "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
             "pareto": self.pareto,
+            "basis": c.basis if c else None,
             "notes": ([self.reason] if self.reason else []) + (list(c.notes) if c else [])
                      + (list(self.cost.notes) if self.cost else []),
         }
@@ -119,6 +123,7 @@ class Planner:
     loaded: LoadedSpec
     catalog: Catalog
     workload: Workload
+    calibration: Calibration | None = None
     _memory: dict[tuple[Any, ...], MemoryEstimate] = field(default_factory=dict)
 
     @property
@@ -134,10 +139,20 @@ class Planner:
         # architecture share their estimates.
         key = (spec.model_dump_json(exclude={"gpus": {"gpu"}}), gpu.architecture, micro_batch, checkpointing)
         if key not in self._memory:
-            self._memory[key] = estimate_memory(spec, self.loaded.model.data, device="cuda", gpu=gpu,
-                                                overheads=self.catalog.overheads, grad_checkpointing=checkpointing,
-                                                micro_batch=micro_batch)
-        return self._memory[key]
+            on_cpu = is_cpu(gpu)
+            self._memory[key] = estimate_memory(spec, self.loaded.model.data, device="cpu" if on_cpu else "cuda",
+                                                gpu=None if on_cpu else gpu, overheads=self.catalog.overheads,
+                                                grad_checkpointing=checkpointing, micro_batch=micro_batch)
+        estimate = self._memory[key]
+        calibration = self.calibration
+        if calibration is not None and gpu.slug == calibration.device_slug and calibration.memory_factor != 1.0:
+            factor = calibration.memory_factor
+            estimate = replace(estimate, peak_allocated_gib=estimate.peak_allocated_gib * factor,
+                               peak_reserved_gib=estimate.peak_reserved_gib * factor,
+                               device_total_gib=estimate.device_total_gib * factor,
+                               notes=(*estimate.notes, f"scaled ×{factor:.3f}: measured ÷ predicted peak in the "
+                                                       "calibration"))
+        return estimate
 
     def configure(self, gpu: Gpu, count: int) -> Configuration | str:
         """The fastest configuration of `count` × `gpu` that fits, or why none does."""
@@ -216,16 +231,29 @@ class Planner:
         step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
                          grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
                          offloaded_activation_bytes=offloaded)
+        predicted_total = step.total_s
         real = self.workload.real_fraction(micro_batch)
+        basis = "predicted"
+        calibration = self.calibration
+        if calibration is not None:
+            if calibration.is_measured(gpu.slug, count, micro_batch, checkpointing):
+                basis = "measured"
+                # the measured speed, the parts in the model's proportions
+                step = scale_step(step, step.tokens_per_step * real / calibration.tokens_per_second / step.total_s)
+            else:
+                basis = "calibrated"
+                step = calibration.corrected(step)
         tokens_per_second = count * step.tokens_per_step * real / step.total_s
         steps = optimizer_steps(self.workload, self.global_batch(), spec.max_steps)
         eval_s = self._eval_seconds(spec, pair, gpu, count, micro_batch, sequence, steps)
-        hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
         notes = []
         if checkpointing and not self.spec.fixed("grad_checkpointing"):
             notes.append("gradient checkpointing needed to fit")
+        if basis != "predicted":
+            eval_s *= step.total_s / predicted_total
+        hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
         return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,
-                             tokens_per_second, hours, eval_s / SECONDS_PER_HOUR, changes, notes)
+                             tokens_per_second, hours, eval_s / SECONDS_PER_HOUR, changes, notes, basis)
 
     def _eval_seconds(self, spec: RunSpec, pair: ProfilePair, gpu: Gpu, count: int, micro_batch: int,
                       sequence: int, steps: int) -> float:
@@ -271,7 +299,7 @@ class Planner:
         for gpu in gpus:
             if progress is not None:
                 progress(gpu.slug)
-            for count in counts:
+            for count in device_counts(gpu, counts):
                 configured = self.configure(gpu, count)
                 if isinstance(configured, str):
                     yield Option(None, gpu.slug, count, None, configured)
@@ -287,6 +315,20 @@ class Planner:
                             yield Option(configured, gpu.slug, count, cost)
                 if not priced:
                     yield Option(configured, gpu.slug, count, None, None)
+
+
+def device_counts(gpu: Gpu, counts: list[int]) -> list[int]:
+    """A measured device the catalog does not list (a CPU, an unlisted GPU) is planned at the count its machine
+    has; a catalog GPU at every count."""
+    if from_probe(gpu):
+        return [gpu.measured.device.count]
+    return counts
+
+
+def scale_step(step: StepTime, factor: float) -> StepTime:
+    return replace(step, compute_s=step.compute_s * factor, dequantize_s=step.dequantize_s * factor,
+                   dispatch_s=step.dispatch_s * factor, optimizer_s=step.optimizer_s * factor,
+                   communication_s=step.communication_s * factor, offload_s=step.offload_s * factor)
 
 
 def _applicable(name: str, spec: RunSpec, count: int) -> bool:

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.atomic import write_text_atomic
+from tunecast.catalog.devices import from_probe
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.errors import TunecastError
+from tunecast.errors import Problem, TunecastError
 from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
+from tunecast.plan.calibration import Calibration, calibrated_device, check_against
 from tunecast.plan.planner import Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
@@ -30,6 +32,7 @@ class PlanRequest:
     budget_usd: float | None = None
     deadline_hours: float | None = None
     interruptions_per_hour: float | None = None
+    calibration: dict[str, Any] | None = None  # a `tunecast calibrate` document
 
 
 def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, today: date) -> str:
@@ -78,8 +81,17 @@ def _check(request: PlanRequest) -> None:
 def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
              progress: Callable[[str], None] | None) -> dict[str, Any]:
     workload = workload_for(loaded, catalog)
-    planner = Planner(loaded, catalog, workload)
-    gpus = [loaded.gpu] if loaded.gpu is not None else sorted(catalog.gpus, key=lambda g: g.slug)
+    warnings: list[Problem] = []
+    calibration = None
+    gpus = [loaded.gpu] if loaded.gpu is not None else sorted((g for g in catalog.gpus if not from_probe(g)),
+                                                              key=lambda g: g.slug)
+    if request.calibration is not None:
+        warnings += check_against(request.calibration, loaded.spec, loaded.model.data)
+        calibration = Calibration.from_document(request.calibration)
+        calibrated = calibrated_device(request.calibration, catalog)
+        # the calibrated device is always among the options, with its measured figures
+        gpus = [g for g in gpus if g.slug != calibrated.slug] + [calibrated]
+    planner = Planner(loaded, catalog, workload, calibration)
     options = list(planner.options(gpus, interruptions_override=request.interruptions_per_hour, today=today,
                                    progress=progress))
     kept: list[Option] = []
@@ -101,6 +113,11 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
         "global_batch": planner.global_batch(),
         "optimize": request.optimize,
         "filtered_out": len(dropped),
+        "calibration": None if calibration is None else {
+            "device": calibration.device_slug, "measured_tokens_per_second": calibration.tokens_per_second,
+            "passes_factor": calibration.passes_factor, "optimizer_factor": calibration.optimizer_factor,
+            "memory_factor": calibration.memory_factor},
+        "warnings": [w.as_dict() for w in warnings],
         "recommendations": recommendations(ranked, dropped),
         "options": [option.as_dict() for option in ranked],
     }

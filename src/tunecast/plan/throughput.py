@@ -30,9 +30,11 @@ Every constant is a catalog row (`catalog/data/throughput.csv`, `gpus.csv`) with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunecast.catalog.devices import DeviceFigures
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import RunSpec
@@ -70,16 +72,19 @@ def _depth(pair: ProfilePair, pick: Any) -> float:
     return float(a + (b - a) * (pair.layers - da) / (db - da))
 
 
-def matmul_seconds(linears: tuple[tuple[int, int, bool], ...], tokens: int, *, passes: int, flops_per_s: float,
+def matmul_seconds(linears: tuple[tuple[int, int, bool], ...], tokens: int, *,
+                   passes: int, flops_per_s: float | Callable[[float, int, int], float],
                    bytes_per_s: float, element: int, backward: bool = True) -> tuple[float, float]:
     """Roofline time and FLOPs of the Linear layers for `tokens` rows: `passes` forward passes (2 with
-    checkpointing), then (with `backward`) the input gradient, and the weight gradient when the weight trains."""
+    checkpointing), then (with `backward`) the input gradient, and the weight gradient when the weight trains.
+    `flops_per_s` is a rate, or the rate of a (tokens × inputs) @ (inputs × outputs) product (measured)."""
     seconds = flops_total = 0.0
     for inputs, outputs, trains in linears:
         flops = 2 * tokens * inputs * outputs
         moved = element * (tokens * inputs + inputs * outputs + tokens * outputs)
         count = passes + ((1 + (1 if trains else 0)) if backward else 0)
-        seconds += max(flops / flops_per_s, moved / bytes_per_s) * count
+        rate = flops_per_s(tokens, inputs, outputs) if callable(flops_per_s) else flops_per_s
+        seconds += max(flops / rate, moved / bytes_per_s) * count
         flops_total += flops * count
     return seconds, flops_total
 
@@ -94,39 +99,99 @@ DEQUANTIZE_BYTES_PER_WEIGHT = 0.5 + 2
 
 @dataclass(frozen=True)
 class _Rates:
-    """What one card achieves for this run's precision."""
+    """What one device achieves for this run's precision: the catalog's datasheet figures × efficiencies, or
+    what `tunecast probe` measured on it."""
 
     matmul: float  # FLOP/s of large matmuls (fp8 where the run and the card use it)
-    bf16: float  # FLOP/s of bf16 matmuls (attention, matmuls outside the Linear layers)
+    bf16: float  # FLOP/s of matmuls outside the Linear layers (LoRA's adapters, eager attention, the loss)
     attention: float  # FLOP/s of attention kernels
     bandwidth: float  # bytes/s memory-bound kernels reach
     element: int  # bytes of a matmul operand
+    host_op_s: float  # host seconds per eager operation (Python, autograd, dispatch, launch)
+    synchronous: bool  # the host computes too (a CPU): host time adds to compute instead of hiding behind it
+    figures: DeviceFigures | None = None
+    dtype: str = "bf16"
+    random_s: float = 0.0  # seconds per random number drawn beyond writing it (measured; ~0 on a GPU)
+    transcendental: float = 0.0  # bytes/s (written) of exp/log/erf-like operations, where measured
 
     @classmethod
     def of(cls, spec: RunSpec, gpu: Gpu, constants: ThroughputConstants) -> _Rates:
         fp8 = spec.precision == "fp8" and gpu.fp8_tflops is not None
+        element = 1 if fp8 else (2 if spec.precision != "fp32" else 4)
+        figures: DeviceFigures | None = gpu.measured
+        if figures is not None:
+            return cls._measured(spec, figures, constants, element)
         efficiency = constants.matmul_efficiency(gpu)
         peak = (gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
         bf16 = gpu.bf16_tflops * 1e12 * efficiency
         return cls(peak * efficiency, bf16, bf16 * constants.get("attention_efficiency"),
-                   gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency"),
-                   1 if fp8 else (2 if spec.precision != "fp32" else 4))
+                   gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency"), element,
+                   constants.get("op_dispatch_us") * 1e-6, False)
+
+    @classmethod
+    def _measured(cls, spec: RunSpec, figures: DeviceFigures, constants: ThroughputConstants,
+                  element: int) -> _Rates:
+        dtype = compute_dtype(spec.precision, figures.dtypes())
+        large = max(row.value for row in figures.rows if row.quantity == "matmul" and row.dtype == dtype) * 1e12
+        attention = figures.attention_tflops(dtype)
+        shapes = [row.shape for row in figures.rows if row.quantity == "bandwidth"]
+        bandwidth = figures.value("bandwidth", max(shapes, key=lambda s: float(s.removesuffix("MiB"))))
+        host = figures.value("op_overhead", "full" if spec.method == "full" else "lora")
+        assert bandwidth is not None and host is not None, "a probe always measures bandwidth and overhead"
+        random = figures.value("random")
+        transcendental = figures.value("transcendental", dtype=dtype)
+        return cls(large, large, attention * 1e12 if attention else large * constants.get("attention_efficiency"),
+                   bandwidth * 1e9, element, host * 1e-6, figures.device.kind == "cpu", figures, dtype,
+                   random * 1e-9 if random is not None else 0.0,
+                   transcendental * 1e9 if transcendental is not None else 0.0)
+
+    def linear_rate(self, tokens: float, inputs: int, outputs: int) -> float:
+        """FLOP/s of one Linear layer's products for `tokens` rows: measured at this shape where probed."""
+        if self.figures is not None:
+            rate = self.figures.matmul_tflops(self.dtype, tokens, inputs, outputs)
+            if rate is not None:
+                return rate * 1e12
+        return self.matmul
 
     def linears(self, pair: ProfilePair, tokens: int, passes: int, backward: bool = True) -> tuple[float, float]:
         """Seconds and FLOPs of every Linear (all layers and the head) on the roofline."""
         facts = pair.deeper.facts
-        layer_s, layer_flops = matmul_seconds(facts.layer_linears, tokens, passes=passes, flops_per_s=self.matmul,
+        layer_s, layer_flops = matmul_seconds(facts.layer_linears, tokens, passes=passes, flops_per_s=self.linear_rate,
                                               bytes_per_s=self.bandwidth, element=self.element, backward=backward)
         head = (facts.head_linear,) if facts.head_linear[0] else ()
-        head_s, head_flops = matmul_seconds(head, tokens, passes=1, flops_per_s=self.matmul,
+        head_s, head_flops = matmul_seconds(head, tokens, passes=1, flops_per_s=self.linear_rate,
                                             bytes_per_s=self.bandwidth, element=self.element, backward=backward)
         return pair.layers * layer_s + head_s, pair.layers * layer_flops + head_flops
+
+    def elementwise_seconds(self, work: dict[str, float]) -> float:
+        """Memory-bound operations: each byte written once and read once at the bandwidth; where the probe
+        measured them, exp/log/erf-like operations at their own (arithmetic-bound) rate, if slower."""
+        plain = 2 * work["elementwise_bytes"] / self.bandwidth
+        if not self.transcendental:
+            return plain
+        special = work.get("transcendental_bytes", 0.0)
+        return plain + max(0.0, special / self.transcendental - 2 * special / self.bandwidth)
+
+    def host_seconds(self, kernels: float, device_s: float) -> float:
+        """Time the step waits for the host: all of it on a CPU; on a GPU, what exceeds the device's own work
+        (kernels are queued asynchronously)."""
+        host = kernels * self.host_op_s
+        return host if self.synchronous else max(0.0, host - device_s)
+
+
+def compute_dtype(precision: str, measured: set[str]) -> str:
+    """The dtype the run's matmuls compute in, among those the probe measured."""
+    wanted = {"fp32": "fp32", "fp16": "fp16", "fp16-mixed": "fp16"}.get(precision, "bf16")
+    if wanted in measured:
+        return wanted
+    return "bf16" if "bf16" in measured else sorted(measured)[0]
 
 
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
     return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
-            for kind in ("matmul", "attention", "elementwise_bytes", "kernels")}
+            for kind in ("matmul", "attention", "elementwise_bytes", "kernels", "random_elements",
+                         "transcendental_bytes")}
 
 
 
@@ -136,12 +201,23 @@ def forward_seconds(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: Throu
     rates = _Rates.of(spec, gpu, constants)
     linear_s, _ = rates.linears(pair, micro_batch * seq, passes=1, backward=False)
     work = _work(pair, micro_batch, seq)
-    seconds = linear_s + FORWARD_SHARE * (work["attention"] / rates.attention
-                                          + 2 * work["elementwise_bytes"] / rates.bandwidth)
+    seconds = linear_s + FORWARD_SHARE * (work["attention"] / rates.attention + rates.elementwise_seconds(work))
     if spec.method == "qlora":
-        seconds += _depth(pair, lambda p: p.facts.quantizable_numel) * DEQUANTIZE_BYTES_PER_WEIGHT / rates.bandwidth
-    # the GPU waits for the CPU when kernels are shorter than their dispatch
-    return max(seconds, FORWARD_SHARE * work["kernels"] * constants.get("op_dispatch_us") * 1e-6)
+        seconds += dequantize_seconds(pair, rates, passes=1)
+    return seconds + rates.host_seconds(FORWARD_SHARE * work["kernels"], seconds)
+
+
+def dequantize_seconds(pair: ProfilePair, rates: _Rates, *, passes: int) -> float:
+    """QLoRA: every pass over a quantized weight dequantizes it — at the memory bandwidth (read half a byte,
+    write a bf16 copy), or at bitsandbytes' measured cost per call and per weight where the probe measured it."""
+    quantized = _depth(pair, lambda p: p.facts.quantizable_numel)
+    figures = rates.figures
+    per_call = figures.value("bnb_4bit_call") if figures is not None else None
+    per_weight = figures.value("bnb_4bit_dequantize") if figures is not None else None
+    if per_call is None or per_weight is None:
+        return passes * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / rates.bandwidth
+    calls = pair.layers * sum(1 for _, _, trains in pair.deeper.facts.layer_linears if not trains)
+    return passes * (calls * per_call * 1e-6 + quantized * per_weight * 1e-9)
 
 
 def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *, micro_batch: int,
@@ -161,15 +237,13 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     work = _work(pair, micro_batch, seq)
     other_flops = max(0.0, work["matmul"] - linear_flops)
     compute_s = (linear_s + other_flops / rates.bf16 + work["attention"] / rates.attention
-                 + 2 * work["elementwise_bytes"] / bandwidth)
+                 + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s)
 
-    dequantize_s = 0.0
-    if spec.method == "qlora":
-        quantized = _depth(pair, lambda p: p.facts.quantizable_numel)
-        dequantize_s = (passes + 1) * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / bandwidth
-    # Kernels are queued asynchronously: the GPU waits for the CPU only when the kernels of a micro-batch take
-    # less time than dispatching them (small micro-batches, short sequences).
-    dispatch_s = max(0.0, work["kernels"] * constants.get("op_dispatch_us") * 1e-6 - compute_s - dequantize_s)
+    dequantize_s = dequantize_seconds(pair, rates, passes=passes + 1) if spec.method == "qlora" else 0.0
+    # Every eager operation costs the host its Python, autograd and dispatch time. On a GPU kernels are queued
+    # asynchronously: the GPU waits for the host only when a micro-batch's kernels take less time than
+    # dispatching them (small micro-batches, short sequences); on a CPU the host does both, one after the other.
+    dispatch_s = rates.host_seconds(work["kernels"], compute_s + dequantize_s)
     compute_s *= grad_accum
     dequantize_s *= grad_accum
     dispatch_s *= grad_accum
@@ -184,6 +258,13 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     # fused step: read parameter, gradient and states, write parameter and states
     optimizer_bytes = trainable * (2 * param_bytes + param_bytes + 2 * per_value * state_bytes)
     optimizer_s = optimizer_bytes / bandwidth
+    tensors = _depth(pair, lambda p: p.facts.trainable_tensors)
+    measured = _measured_adamw_seconds(rates, trainable, tensors) if spec.optimizer == "adamw" else None
+    if measured is not None:
+        optimizer_s = measured
+    # gradient clipping reads every gradient for the norm, then scales it in place (read and write); each
+    # accumulated micro-batch after the first adds its gradients to the stored ones (read, read, write)
+    optimizer_s += 3 * trainable * param_bytes * (1 + (grad_accum - 1)) / bandwidth
     offload_s = 0.0
     pcie = constants.pcie_bytes_per_s(gpu.pcie_gen)
     if spec.gpus.offload in ("optimizer", "params"):
@@ -209,3 +290,16 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
         communication_s = max(0.0, exposed)
     return StepTime(compute_s, dequantize_s, dispatch_s, optimizer_s, communication_s, offload_s,
                     tokens * grad_accum)
+
+
+def _measured_adamw_seconds(rates: _Rates, trainable: float, tensors: float) -> float | None:
+    """The runner's fused AdamW where the probe timed it: per parameter over large tensors, plus a fixed cost
+    per tensor (what dominates LoRA's many small adapters)."""
+    figures = rates.figures
+    if figures is None:
+        return None
+    per_param = figures.value("optimizer", "fused")
+    per_tensor = figures.value("optimizer_tensor", "fused")
+    if per_param is None or per_tensor is None:
+        return None
+    return trainable * per_param * 1e-9 + tensors * per_tensor * 1e-6

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,9 @@ from tunecast.errors import TunecastError
 # Text of a declared dataset, for its storage: about 4 characters (bytes, for English) per token, as the
 # generic tokenizer ratio of catalog/data/token_ratios.csv.
 DECLARED_BYTES_PER_TOKEN = 4.0
+# Example lengths assumed for a declared size, to compute its padding: as many as a measured file's statistics
+# use, at evenly spaced quantiles of the distribution (deterministic).
+DECLARED_SAMPLES = 4096
 
 
 @dataclass
@@ -36,6 +40,7 @@ class Workload:
     packing_efficiency: float = 1.0
     seed: int = 42
     eval_examples: int = 0  # evaluated each time (held out of a dataset file)
+    length_sigma: float | None = None  # a declared size: the log-normal σ of example lengths assumed for padding
     # tokens_per_sequence by micro-batch: the planner asks for each micro-batch on every GPU and count
     _padded: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -64,7 +69,16 @@ class Workload:
         if self.packed:
             return float(self.seq_len)
         if self.lengths is None:
-            return self.processed_tokens / self.examples  # declared: no length distribution, no padding
+            if not self.length_sigma:
+                return self.processed_tokens / self.examples
+            if micro_batch not in self._padded:
+                # declared: padded as examples of the assumed length distribution would be
+                assumed = assumed_lengths(self.mean_tokens, self.length_sigma, self.seq_len)
+                padded = Workload(len(assumed), sum(assumed), sum(assumed), 1, self.seq_len, False, True, "", 0,
+                                  assumed, seed=self.seed).tokens_per_sequence(micro_batch)
+                ratio = padded / (sum(assumed) / len(assumed))
+                self._padded[micro_batch] = min(float(self.seq_len), self.mean_tokens * ratio)
+            return self._padded[micro_batch]
         if micro_batch not in self._padded:
             order = list(range(len(self.lengths)))
             random.Random(self.seed).shuffle(order)
@@ -84,7 +98,10 @@ class Workload:
         return {"examples": self.examples, "processed_tokens": round(self.total_processed_tokens),
                 "trained_tokens": round(self.total_trained_tokens), "tokens_per_epoch": self.processed_tokens,
                 "epochs": self.epochs, "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
-                "tokenizer": self.tokenizer, "eval_examples": self.eval_examples}
+                "tokenizer": self.tokenizer, "eval_examples": self.eval_examples,
+                "padding_assumption": (f"example lengths log-normal around the declared mean (σ {self.length_sigma:g}, "
+                                       "catalog row declared_length_sigma)")
+                if self.length_sigma and not self.packed else None}
 
 
 def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
@@ -96,7 +113,10 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
         from tunecast.data.counters import choose_counter
         from tunecast.data.stats import measure
 
-        counter = choose_counter(model=spec.model if data.tokenizer is None else None, tokenizer=data.tokenizer,
+        # the model as the config resolved it (a model folder is relative to the config file, not to here)
+        resolved = loaded.model
+        model = str(resolved.path.parent) if resolved.origin == "directory" else spec.model
+        counter = choose_counter(model=model if data.tokenizer is None else None, tokenizer=data.tokenizer,
                                  catalog=catalog, base_dir=Path.cwd())
         stats = measure(data.path, counter, seq_len=spec.seq_len, micro_batch=1, layout=data.format,
                         train_on=data.train_on, skip_invalid=data.skip_invalid, seed=spec.seed)
@@ -116,12 +136,21 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
         workload = Workload(data.examples, processed, round(data.examples * trained), epochs, spec.seq_len,
                             spec.packing, False, "declared size (dataset.examples × dataset.mean_tokens)",
                             round((processed + spec.eval.examples * per_example) * DECLARED_BYTES_PER_TOKEN),
-                            eval_examples=spec.eval.examples)
+                            eval_examples=spec.eval.examples,
+                            length_sigma=catalog.throughput.get("declared_length_sigma"))
     else:
         raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
                             hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "
                                  "(for example --set dataset.examples=50000 --set dataset.mean_tokens=600)")
     return workload
+
+
+def assumed_lengths(mean: float, sigma: float, seq_len: int) -> array[int]:
+    """Example lengths log-normal with mean `mean` and shape `sigma`, at DECLARED_SAMPLES evenly spaced
+    quantiles, truncated to `seq_len` (as the run truncates them)."""
+    normal = statistics.NormalDist(math.log(mean) - sigma * sigma / 2, sigma)
+    return array("i", (max(1, min(seq_len, round(math.exp(normal.inv_cdf((i + 0.5) / DECLARED_SAMPLES)))))
+                       for i in range(DECLARED_SAMPLES)))
 
 
 def evaluations(workload: Workload, steps: int, global_batch: int, every_steps: int | None) -> int:

@@ -65,9 +65,10 @@ def _packed_unit(sequence: PackedSequence) -> Unit:
 
 def load_train_data(path: str, counter: TokenizerCounter, *, layout: str, train_on: str, seq_len: int,
                     packing: bool, eval_examples: int, seed: int, skip_invalid: bool, pad_id: int,
-                    check: Any = None) -> TrainData:
+                    check: Any = None, limit: int | None = None) -> TrainData:
     """Read, tokenize, split and (optionally) pack the dataset at `path`. `check` is called every few hundred
-    examples (the preemption check: tokenizing a large file takes a while)."""
+    examples (the preemption check: tokenizing a large file takes a while). With `limit`, only the first
+    `limit` examples are read (a measuring run's slice)."""
     bad: list[BadRow] = []
     detection, examples = examples_of(path, layout=layout, train_on=train_on, bad=bad)
     tokenized: list[Tokenized] = []
@@ -82,6 +83,8 @@ def load_train_data(path: str, counter: TokenizerCounter, *, layout: str, train_
             tokenized.append(kept)
         if check is not None and number % 256 == 0:
             check()
+        if limit is not None and number >= limit:
+            break
     if bad and not skip_invalid:
         raise bad_rows_error(path, bad)
     if len(tokenized) <= eval_examples:

@@ -129,6 +129,10 @@ class Session:
     step_seconds: float = 0.0  # a running mean, for the ETA
     trainable: list[torch.nn.Parameter] = field(default_factory=list)
     tokenizer: Any = None  # the TokenizerCounter the data was tokenized with (saved with final/)
+    # A measuring run (`tunecast calibrate`) writes no checkpoint and stops when `stop` says so; a signal then
+    # propagates as Preempted, with nothing saved.
+    checkpoints: bool = True
+    stop: Callable[[Progress], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -221,8 +225,10 @@ def _run_eval(session: Session) -> None:
     session.reporter.event("eval", f"step {session.progress.step}: eval loss {loss:.4f}")
 
 
-def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, float]:
-    """Forward and backward over the step's micro-batches, then clip and step. Returns (loss, grad norm)."""
+def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, float, float]:
+    """Forward and backward over the step's micro-batches, then clip and step. Returns (loss, grad norm, the
+    time the passes ended: on CUDA each pass's loss value waits for its kernels, so what follows is the
+    clipping and optimizer step)."""
     spec, model, accelerator = session.spec, session.model, session.accelerator
     num_items = torch.tensor(max(1, sum(batch.trained_tokens for batch in batches)), device=session.device)
     backward: Callable[[torch.Tensor], None] = (
@@ -238,6 +244,7 @@ def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, floa
                                      position_ids=on_device.position_ids, num_items=num_items, backward=backward,
                                      offload_activations=spec.activation_offload and session.device.type == "cuda")
         loss += value or 0.0
+    passes_done = time.monotonic()
     grad_norm = float("nan")
     if not session.optimizer.in_backward:
         if session.scaler is not None:
@@ -246,7 +253,7 @@ def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, floa
         grad_norm = float(torch.nn.utils.clip_grad_norm_(session.trainable, limit))
     session.optimizer.step(session.scaler)
     session.optimizer.zero_grad()
-    return loss, grad_norm
+    return loss, grad_norm, passes_done
 
 
 def train(session: Session) -> Outcome:
@@ -261,7 +268,7 @@ def train(session: Session) -> Outcome:
                 _run_eval(session)
             if progress.step >= session.total_steps:
                 break
-            if progress.step > 0 and session.policy.due(progress.step):
+            if session.checkpoints and progress.step > 0 and session.policy.due(progress.step):
                 save_checkpoint(session, "interval")
             session.flag.check()
 
@@ -276,10 +283,11 @@ def train(session: Session) -> Outcome:
             lr = spec.learning_rate * lr_factor(spec.schedule, progress.step, warmup=session.warmup_steps,
                                                 total=session.total_steps)
             session.optimizer.set_lr(lr)
-            loss, grad_norm = _optimizer_step(session, batches)
+            loss, grad_norm, passes_done = _optimizer_step(session, batches)
             if session.device.type == "cuda":
                 torch.cuda.synchronize(session.device)
-            seconds = time.monotonic() - started
+            ended = time.monotonic()
+            seconds = ended - started
 
             # 4. the position moves on; metrics; generators captured for the next step
             consumed = sum(len(chunk) for chunk in units)
@@ -296,20 +304,25 @@ def train(session: Session) -> Outcome:
             session.rng_at_boundary = capture_rng()
             session.lock.refresh()
             _log_step(session, loss=loss, lr=lr, grad_norm=grad_norm, tokens=tokens, padded=padded, seconds=seconds,
-                      per_step=per_step)
+                      optimizer_seconds=ended - passes_done, per_step=per_step)
+            if session.stop is not None and session.stop(progress):
+                return Outcome(False, progress, None)
     except Preempted as stop:
         session.optimizer.zero_grad()
+        if not session.checkpoints:
+            raise
         session.metrics.write({"kind": "event", "event": "preempted", "signal": stop.signal_name,
                                "step": progress.step, "elapsed_s": round(elapsed_s(session), 3)})
         session.reporter.event("preempted", f"{stop.signal_name}: saving step {progress.step} and stopping")
         save_checkpoint(session, f"preempted by {stop.signal_name}")
         return Outcome(False, progress, stop.signal_name, progress.step)
-    save_checkpoint(session, "end of training")
+    if session.checkpoints:
+        save_checkpoint(session, "end of training")
     return Outcome(True, progress, None, progress.step)
 
 
 def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tokens: int, padded: int,
-              seconds: float, per_step: int) -> None:
+              seconds: float, optimizer_seconds: float, per_step: int) -> None:
     progress = session.progress
     weight = 0.1 if session.step_seconds else 1.0
     session.step_seconds = (1 - weight) * session.step_seconds + weight * seconds
@@ -323,7 +336,7 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "padded_tokens_per_second": padded / seconds if seconds else 0.0,
         **_peak_memory(session.device),
-        "step_seconds": seconds, "elapsed_s": elapsed, "cost_usd": cost,
+        "step_seconds": seconds, "optimizer_seconds": optimizer_seconds, "elapsed_s": elapsed, "cost_usd": cost,
     }
     if progress.step % session.spec.log_every_steps == 0 or progress.step == session.total_steps:
         session.metrics.write(record)

@@ -50,6 +50,10 @@ class TrainRequest:
     allow_download: bool = False
     check_memory: bool = True
     started: float = field(default_factory=time.monotonic)
+    # a measuring run (`tunecast calibrate`): random-weight bases are not saved, only the first `data_limit`
+    # examples of the dataset are read
+    measuring: bool = False
+    data_limit: int | None = None
 
 
 @dataclass

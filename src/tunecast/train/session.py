@@ -87,7 +87,8 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     counter = load_run_tokenizer(spec, resolved_model)
     data = load_train_data(spec.dataset.path, counter, layout=spec.dataset.format, train_on=spec.dataset.train_on,
                            seq_len=spec.seq_len, packing=spec.packing, eval_examples=spec.eval.examples, seed=spec.seed,
-                           skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter), check=flag.check)
+                           skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter), check=flag.check,
+                           limit=request.data_limit)
     if data.skipped_rows:
         result.warnings.append(Problem("dataset.skip_invalid", f"{data.skipped_rows} invalid row(s) skipped",
                                        "`tunecast data` lists them", severity="warning"))
@@ -120,7 +121,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     flag.check()
     rss_before_model = resident_gib()
     base = load_base(spec, resolved_model, allow_download=request.allow_download)
-    if base.random and not storage.exists(BASE_SAVED, MANIFEST):
+    if base.random and not request.measuring and not storage.exists(BASE_SAVED, MANIFEST):
         save_base(base.model, counter, storage)
     flag.check()
     model = base.model
@@ -168,7 +169,10 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     reporter.event("start", f"data: {data.examples:,} training examples ({len(data.units):,} "
                             f"{'packed sequences' if spec.packing else 'sequences'}), {len(data.eval_units)} held out; "
                             f"{steps} steps ({per_epoch} per epoch)")
-    reporter.event("start", f"checkpoints {policy.describe()}, keep {spec.checkpoint.keep}; price {price_note}")
+    if request.measuring:
+        reporter.event("start", f"measuring only: no checkpoints; price {price_note}")
+    else:
+        reporter.event("start", f"checkpoints {policy.describe()}, keep {spec.checkpoint.keep}; price {price_note}")
     event = {"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
              "total_steps": steps, "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
              "grad_checkpointing": choice.grad_checkpointing, "device": device.name, "usd_per_hour": usd_per_hour,

@@ -5,7 +5,7 @@ from datetime import date
 
 import pytest
 
-from tunecast.catalog.offers import Offer
+from tunecast.catalog.offers import Offer, VolumeDefault, VolumeDefaults, with_volume_default
 from tunecast.plan.cost import RunShape, billed_gpus, billed_hours, price_run, young_daly_interval
 
 TODAY = date(2026, 11, 29)
@@ -121,3 +121,61 @@ def test_free_checkpoint_writes_keep_a_floor_interval() -> None:
     assert young_daly_interval(0.0, 0.5) == pytest.approx(1 / 60)
     cost = price_run(shape(), offer(), spot=True, default_interruptions_per_hour=0.5, today=TODAY)
     assert cost is not None and cost.checkpoint_interval_hours == pytest.approx(1 / 60)
+
+
+# Storage: the offer's published volume price, else the default its catalog assumed for its kind of provider.
+KINDS = VolumeDefault(kind="hyperscaler", volume_usd_per_gb_month=0.08, providers=("aws", "gcp"),
+                      as_of=date(2026, 12, 1), source="test")
+
+
+def test_a_published_volume_price_is_used_as_is_with_no_note() -> None:
+    cost = price_run(shape(storage_gb=100.0), offer(volume_usd_per_gb_month=0.1), spot=False,
+                     default_interruptions_per_hour=0, today=TODAY)
+    assert cost is not None and cost.storage_usd == pytest.approx(100 * 0.1 * 10 / 730)
+    assert not any("storage" in note for note in cost.notes)
+
+
+def test_an_offer_without_a_volume_price_is_charged_the_default_of_its_kind_and_says_so() -> None:
+    assumed = with_volume_default(offer(provider="aws", volume_usd_per_gb_month=None), VolumeDefaults((KINDS,)))
+    cost = price_run(shape(storage_gb=100.0), assumed, spot=False, default_interruptions_per_hour=0, today=TODAY)
+    assert cost is not None and cost.storage_usd == pytest.approx(100 * 0.08 * 10 / 730)
+    assert "storage at the assumed $0.08/GB-month of hyperscaler volumes (no published price for this offer)" \
+        in cost.notes
+
+
+def test_an_unknown_provider_is_charged_the_fallback_kind_and_says_so() -> None:
+    dear = VolumeDefault(kind="neocloud", volume_usd_per_gb_month=0.19, providers=("lambda",),
+                         as_of=date(2026, 12, 1), source="test")
+    assumed = with_volume_default(offer(provider="homelab", volume_usd_per_gb_month=None),
+                                  VolumeDefaults((KINDS, dear)))
+    cost = price_run(shape(storage_gb=10.0), assumed, spot=True, default_interruptions_per_hour=0, today=TODAY)
+    assert cost is not None and cost.storage_usd == pytest.approx(10 * 0.19 * cost.hours / 730)
+    note = next(note for note in cost.notes if note.startswith("storage"))
+    assert "$0.19/GB-month of neocloud volumes, the dearest kind" in note and "homelab" in note
+
+
+def test_storage_is_never_a_silent_zero() -> None:
+    included = price_run(shape(storage_gb=10.0), offer(volume_usd_per_gb_month=0.0), spot=False,
+                         default_interruptions_per_hour=0, today=TODAY)
+    assert included is not None and included.storage_usd == 0
+    assert any("included in the offer's price" in note for note in included.notes)
+    # an offer that did not come through the catalog has no default to fall back on, and says so
+    bare = price_run(shape(storage_gb=10.0), offer(volume_usd_per_gb_month=None), spot=False,
+                     default_interruptions_per_hour=0, today=TODAY)
+    assert bare is not None and any("storage not counted" in note for note in bare.notes)
+
+
+def test_storage_under_a_cent_is_not_rounded_to_zero() -> None:
+    # the demo's shape: 1.6 GB for 10.7 hours at $0.07/GB-month is $0.0017
+    cost = price_run(shape(storage_gb=1.631, train_hours=10.693), offer(volume_usd_per_gb_month=0.07), spot=False,
+                     default_interruptions_per_hour=0, today=TODAY)
+    assert cost is not None and cost.as_dict()["storage_usd"] == pytest.approx(0.0017)
+
+
+def test_bundled_offers_without_a_published_volume_price_are_charged_for_storage() -> None:
+    from tunecast.catalog.store import load_catalog
+
+    tensordock = next(o for o in load_catalog(None).offers if o.provider == "tensordock" and o.gpu == "rtx-4090")
+    cost = price_run(shape(storage_gb=1.631), tensordock, spot=False, default_interruptions_per_hour=0, today=TODAY)
+    assert cost is not None and cost.storage_usd > 0
+    assert any(note.startswith("storage at the assumed $0.10/GB-month of marketplace volumes") for note in cost.notes)

@@ -118,7 +118,8 @@ def test_communication_by_strategy_and_link(catalog) -> None:
 def test_offload_moves_the_optimizer_over_pcie(catalog) -> None:
     local, _, _ = step(catalog, method="full", count=2, gpus={"strategy": "fsdp"})
     offloaded, _, _ = step(catalog, method="full", count=2, gpus={"strategy": "fsdp", "offload": "optimizer"})
-    assert offloaded.optimizer_s > 10 * local.optimizer_s
+    # over PCIe, not at the GPU's bandwidth (gradient clipping stays on the GPU in both)
+    assert offloaded.optimizer_s > 5 * local.optimizer_s
 
 
 def test_evaluation_is_a_fraction_of_a_training_step(catalog) -> None:

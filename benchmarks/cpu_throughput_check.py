@@ -1,0 +1,214 @@
+"""The throughput model on this CPU: `tunecast plan --gpu local` (after `tunecast probe`) against what `tunecast
+train` then measures, for full, LoRA and QLoRA runs of real architectures at micro-batches 1–8 and lengths
+128–1024, padded and packed.
+
+What runs. The device is probed once (`tunecast probe`, into a scratch catalog). Each case is a published
+model config from the bundled catalog with random weights — shrunk to a few layers where the whole model
+would take minutes a step on two cores (every layer is alike, so a shallower model keeps each layer's shapes,
+its head and its vocabulary) — trained by `tunecast train` for WARMUP + MEASURED steps on generated text
+tokenized by the demo tokenizer (examples/tiny-model, 1,024 tokens). Padded cases draw example lengths
+evenly between a sixteenth of the sequence length and all of it; packed cases pack them. The dataset holds
+exactly the examples the run trains on, so the steps measured see the padding the plan averages over.
+
+Measured: real (non-padding) tokens ÷ the seconds of the steps after the warm-up, from metrics.jsonl.
+Predicted: `tunecast plan RUN --gpu local --json`'s tokens/s, with the run's micro-batch and checkpointing
+fixed. Runs go one at a time, after waiting for the machine to be quiet: two processes sharing two cores
+slow each other several-fold.
+
+Run:  .venv/bin/python benchmarks/cpu_throughput_check.py            (about 15 minutes on 2 cores)
+      .venv/bin/python benchmarks/cpu_throughput_check.py --quick    (three cases)
+      --only LABEL[,LABEL] picks cases; --write records the table in docs/validation/throughput.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from docsection import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+TUNECAST = Path(sys.executable).parent / "tunecast"
+TOKENIZER = REPO / "examples" / "tiny-model"
+DOC = REPO / "docs" / "validation" / "throughput.md"
+MARK = "cpu-throughput"
+WARMUP = 3
+MEASURED = 6
+ENV = {"MKL_DYNAMIC": "FALSE", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+WORDS = ["alpha", "river", "stone", "quiet", "number", "garden", "silver", "window", "planet", "morning",
+         "yellow", "market", "forest", "engine", "bridge", "letter", "shadow", "circle", "winter", "object"]
+LORA = {"rank": 16, "alpha": 32, "dropout": 0.05, "targets": "all-linear"}
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str
+    layers: int | None  # shrunk to this many layers; None keeps the published depth
+    settings: dict[str, Any]
+
+
+CASES = [
+    Case("gpt2-lora-mb1-128-padded", "openai-community/gpt2", None,
+         {"method": "lora", "lora": LORA, "micro_batch": 1, "seq_len": 128, "packing": False}),
+    Case("gpt2-full-mb4-256-packed", "openai-community/gpt2", 6,
+         {"method": "full", "micro_batch": 4, "seq_len": 256, "packing": True}),
+    Case("gpt2-lora-mb8-512-padded", "openai-community/gpt2", 4,
+         {"method": "lora", "lora": LORA, "micro_batch": 8, "seq_len": 512, "packing": False}),
+    Case("qwen2.5-0.5b-lora-mb2-512-padded", "Qwen/Qwen2.5-0.5B", 4,
+         {"method": "lora", "lora": LORA, "micro_batch": 2, "seq_len": 512, "packing": False}),
+    Case("qwen2.5-0.5b-full-mb1-1024-packed", "Qwen/Qwen2.5-0.5B", 2,
+         {"method": "full", "micro_batch": 1, "seq_len": 1024, "packing": True}),
+    Case("qwen3-0.6b-qlora-mb2-256-padded", "Qwen/Qwen3-0.6B", 4,
+         {"method": "qlora", "lora": LORA, "micro_batch": 2, "seq_len": 256, "packing": False}),
+    Case("llama-3.2-1b-lora-mb4-256-packed", "meta-llama/Llama-3.2-1B", 2,
+         {"method": "lora", "lora": LORA, "micro_batch": 4, "seq_len": 256, "packing": True}),
+    Case("llama-3.2-1b-full-mb2-128-padded", "meta-llama/Llama-3.2-1B", 2,
+         {"method": "full", "micro_batch": 2, "seq_len": 128, "packing": False}),
+    Case("tinyllama-qlora-mb1-512-packed", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", 2,
+         {"method": "qlora", "lora": LORA, "micro_batch": 1, "seq_len": 512, "packing": True}),
+    Case("qwen3-0.6b-lora-mb8-1024-packed", "Qwen/Qwen3-0.6B", 2,
+         {"method": "lora", "lora": LORA, "micro_batch": 8, "seq_len": 1024, "packing": True}),
+]
+QUICK = ("gpt2-lora-mb1-128-padded", "qwen2.5-0.5b-lora-mb2-512-padded", "llama-3.2-1b-full-mb2-128-padded")
+
+
+def shrunk_config(name: str, layers: int | None, folder: Path) -> Path:
+    from tunecast.catalog.store import load_catalog
+
+    entry = load_catalog(None).models.find(name)
+    assert entry is not None, name
+    config = json.loads(entry.path.read_text())
+    if layers is not None:
+        key = "n_layer" if "n_layer" in config else "num_hidden_layers"
+        config[key] = layers
+        for listed in ("layer_types",):  # per-layer lists follow the depth
+            if isinstance(config.get(listed), list):
+                config[listed] = config[listed][:layers]
+    path = folder / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def make_data(path: Path, examples: int, seq_len: int, seed: int) -> None:
+    """Text of lengths spread evenly from seq_len/16 to seq_len tokens (about one token a word here)."""
+    chooser = random.Random(seed)
+    with path.open("w") as handle:
+        for _ in range(examples):
+            words = chooser.randint(max(2, seq_len // 16), seq_len)
+            handle.write(json.dumps({"text": " ".join(chooser.choice(WORDS) for _ in range(words))}) + "\n")
+
+
+def wait_for_quiet(limit_s: float = 30.0) -> None:
+    """Until the other processes leave the cores idle (load below 0.3), at most `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and os.getloadavg()[0] > 0.3:
+        time.sleep(1.0)
+
+
+def run_case(case: Case, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
+    folder = scratch / case.label
+    folder.mkdir()
+    model = shrunk_config(case.model, case.layers, folder)
+    steps = WARMUP + MEASURED
+    micro_batch = case.settings["micro_batch"]
+    data = folder / "data.jsonl"
+    examples = steps * micro_batch * (1 if not case.settings["packing"] else 3)
+    make_data(data, examples, case.settings["seq_len"], seed=len(case.label))
+    run = {"model": str(model), **case.settings, "precision": "fp32" if case.settings["method"] != "qlora"
+           else "bf16", "optimizer": "adamw", "grad_accum": 1, "grad_checkpointing": False, "max_steps": steps,
+           "dataset": {"path": str(data), "tokenizer": str(TOKENIZER)}, "eval": {"examples": 0},
+           "checkpoint": {"every_steps": 100_000}, "output": str(folder / "out")}
+    config = folder / "run.yaml"
+    config.write_text(json.dumps(run))
+    planned = subprocess.run([str(TUNECAST), "plan", str(config), "--gpu", "local", "--json"], env=env,
+                             capture_output=True, text=True, timeout=900)
+    if planned.returncode != 0:
+        return {"label": case.label, "error": planned.stderr.strip().splitlines()[-1]}
+    option = json.loads(planned.stdout)["options"][0]
+    wait_for_quiet()
+    started = time.monotonic()
+    trained = subprocess.run([str(TUNECAST), "train", str(config), "--no-memory-check"], env=env,
+                             capture_output=True, text=True, timeout=1800)
+    if trained.returncode != 0:
+        return {"label": case.label, "error": trained.stderr.strip().splitlines()[-1]}
+    records = [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps_done = [r for r in records if r["kind"] == "train"][WARMUP:]
+    seconds = sum(r["step_seconds"] for r in steps_done)
+    measured = sum(r["tokens"] for r in steps_done) / seconds
+    return {"label": case.label, "model": case.model, "layers": case.layers, **case.settings,
+            "measured": measured, "predicted": option["tokens_per_second"],
+            "padding": sum(r["padded_tokens"] for r in steps_done) / sum(r["tokens"] for r in steps_done),
+            "optimizer_share": sum(r.get("optimizer_seconds", 0.0) for r in steps_done) / seconds,
+            "wall_s": time.monotonic() - started}
+
+
+def table(results: list[dict[str, Any]], device: str) -> str:
+    lines = [f"Device: {device}.", "",
+             "| case | model (layers) | method | micro-batch × length | data | measured tok/s | predicted tok/s "
+             "| error |", "|---|---|---|---|---|---:|---:|---:|"]
+    errors = []
+    for r in results:
+        if "error" in r:
+            lines.append(f"| `{r['label']}` | — | — | — | — | failed: {r['error']} | | |")
+            continue
+        error = r["predicted"] / r["measured"] - 1
+        errors.append(error)
+        layers = f" ({r['layers']})" if r["layers"] else ""
+        lines.append(f"| `{r['label']}` | {r['model'].split('/')[-1]}{layers} | {r['method']} | "
+                     f"{r['micro_batch']} × {r['seq_len']} | {'packed' if r['packing'] else 'padded'} "
+                     f"(×{r['padding']:.2f}) | {r['measured']:,.0f} | {r['predicted']:,.0f} | {error:+.0%} |")
+    if errors:
+        median = statistics.median(abs(e) for e in errors)
+        lines += ["", f"Median absolute error over {len(errors)} runs: **{median:.0%}**"
+                  f" (largest {max(abs(e) for e in errors):.0%}; median signed {statistics.median(errors):+.0%})."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="three cases")
+    parser.add_argument("--only", help="comma-separated case labels")
+    parser.add_argument("--write", action="store_true", help="record the table in docs/validation/throughput.md")
+    parser.add_argument("--keep", type=Path, help="work in this folder and keep it (runs, metrics, the probe)")
+    args = parser.parse_args()
+    chosen = [c for c in CASES if (not args.quick or c.label in QUICK)
+              and (not args.only or c.label in args.only.split(","))]
+    with tempfile.TemporaryDirectory(prefix="tunecast-cpu-throughput-") as scratch_name:
+        scratch = Path(scratch_name) if args.keep is None else args.keep
+        scratch.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **ENV, "TUNECAST_CATALOG": str(scratch / "catalog"),
+               "TUNECAST_CACHE": os.environ.get("TUNECAST_CACHE", str(scratch / "cache"))}
+        wait_for_quiet()
+        probed = subprocess.run([str(TUNECAST), "probe", "--json"], env=env, capture_output=True, text=True,
+                                timeout=300, check=True)
+        device = json.loads(probed.stdout)["device"]["name"]
+        print(f"probed {device}", file=sys.stderr)
+        results = []
+        for case in chosen:
+            result = run_case(case, scratch, env)
+            results.append(result)
+            shown = (f"{result['measured']:,.0f} measured, {result['predicted']:,.0f} predicted "
+                     f"({result['predicted'] / result['measured'] - 1:+.0%})" if "error" not in result
+                     else result["error"])
+            print(f"{case.label}: {shown}", file=sys.stderr)
+    text = table(results, device)
+    print(text)
+    if args.write:
+        write_section(DOC, MARK, "Reproduce with `.venv/bin/python benchmarks/cpu_throughput_check.py --write`.\n\n"
+                      + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

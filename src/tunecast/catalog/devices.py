@@ -1,0 +1,265 @@
+"""Measured devices: what `tunecast probe` measured on a machine, as catalog rows with a date and a source.
+
+Two files in the user's catalog directory, in the shape of the bundled CSV files:
+
+* `devices.csv`: one row per probed device (a CUDA GPU model or a CPU): its name, kind, the host it was
+  probed on, how many the host has, its memory and what PyTorch may use of it;
+* `device_measurements.csv`: one row per measured figure: `quantity`, `dtype`, `shape`, `value`, `unit`.
+
+The quantities (the probe's docstring says how each is measured):
+
+* `matmul` (TFLOPS) of an (M × K) @ (K × N) product, shape `MxKxN`, per dtype;
+* `attention` (TFLOPS) of causal scaled-dot-product attention forward + backward, shape `BxHxSxD`;
+* `bandwidth` (GB/s) of a copy of `N` MiB (bytes read + bytes written);
+* `random` (ns per element) of drawing dropout's random mask;
+* `transcendental` (GB/s written) of exp/log/erf-like elementwise operations (GELU, softmax, log-softmax), per
+  dtype: on a CPU their arithmetic, not memory, sets their pace;
+* `op_overhead` (µs per operation) of an eager training step whose kernels are too small to matter, shape
+  `full` or `lora` (transformers, and transformers + peft with its adapter hooks and casts);
+* `optimizer` (ns per parameter) of one AdamW step over large tensors, shape `fused` or `foreach`, and
+  `optimizer_tensor` (µs per tensor) over many small ones;
+* `bnb_4bit_call` (µs per call) and `bnb_4bit_dequantize` (ns per weight) of a bitsandbytes 4-bit linear
+  layer on a handful of tokens, where bitsandbytes is installed.
+
+A device row whose name is a catalog GPU's alias lends its figures to that GPU; `--gpu local` is the device
+probed on this host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from tunecast.catalog.gpus import Gpu, GpuIndex
+from tunecast.catalog.rows import CatalogRow, parse_rows, write_rows
+from tunecast.errors import TunecastError
+
+DEVICES_FILE = "devices.csv"
+MEASUREMENTS_FILE = "device_measurements.csv"
+LOCAL = "local"
+
+Quantity = Literal["matmul", "attention", "bandwidth", "random", "transcendental", "op_overhead", "optimizer",
+                   "optimizer_tensor", "bnb_4bit_call", "bnb_4bit_dequantize"]
+
+
+class DeviceRow(CatalogRow):
+    """One probed device. `slug` is the catalog GPU's slug when the device is one, else its own."""
+
+    slug: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    name: str
+    kind: Literal["cuda", "cpu"]
+    host: str
+    count: int = Field(ge=1)
+    """Devices of this kind on the host (CUDA GPUs; a CPU counts as one device)."""
+    memory_gib: float = Field(gt=0)
+    usable_memory_gib: float = Field(gt=0)
+    """What PyTorch may use: CUDA `total_memory`; on a CPU the memory available when probed."""
+    threads: int = Field(ge=1)
+    """Threads PyTorch computed with (CPU intra-op threads; host threads for CUDA)."""
+    torch_version: str
+
+
+class MeasurementRow(CatalogRow):
+    device: str
+    quantity: Quantity
+    dtype: str = ""
+    shape: str = ""
+    value: float = Field(gt=0)
+    unit: str
+
+
+DEVICE_COLUMNS = DeviceRow.columns()
+MEASUREMENT_COLUMNS = MeasurementRow.columns()
+
+
+@dataclass(frozen=True)
+class MatmulPoint:
+    tokens: int
+    width: float  # √(K·N): the weight's size, the dimension that sets efficiency besides M
+    tflops: float
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """A device's measured figures, looked up by what the throughput model asks."""
+
+    device: DeviceRow
+    rows: tuple[MeasurementRow, ...]
+
+    def value(self, quantity: str, shape: str = "", dtype: str = "") -> float | None:
+        for row in self.rows:
+            if row.quantity == quantity and row.shape == shape and (not dtype or row.dtype == dtype):
+                return row.value
+        return None
+
+    def has(self, quantity: str) -> bool:
+        return any(row.quantity == quantity for row in self.rows)
+
+    def _points(self, quantity: str, dtype: str) -> list[MatmulPoint]:
+        points = []
+        for row in self.rows:
+            if row.quantity == quantity and row.dtype == dtype:
+                m, k, n = (int(part) for part in row.shape.split("x"))
+                points.append(MatmulPoint(m, math.sqrt(k * n), row.value))
+        return points
+
+    def dtypes(self, quantity: str = "matmul") -> set[str]:
+        return {row.dtype for row in self.rows if row.quantity == quantity}
+
+    def matmul_tflops(self, dtype: str, tokens: float, inputs: int, outputs: int) -> float | None:
+        """Measured rate of a (tokens × inputs) @ (inputs × outputs) product: interpolated in log(tokens) and
+        log(width) between the probed shapes, held at the nearest probed shape beyond them."""
+        points = self._points("matmul", dtype)
+        if not points:
+            return None
+        return _interpolate(points, tokens, math.sqrt(inputs * outputs))
+
+    def attention_tflops(self, dtype: str) -> float | None:
+        rates = [row.value for row in self.rows if row.quantity == "attention" and row.dtype == dtype]
+        return max(rates) if rates else None
+
+
+def _interpolate(points: list[MatmulPoint], tokens: float, width: float) -> float:
+    widths = sorted({p.width for p in points})
+
+    def along_tokens(w: float) -> float:
+        line = sorted((p.tokens, p.tflops) for p in points if p.width == w)
+        return _log_interp(line, tokens)
+
+    if width <= widths[0] or len(widths) == 1:
+        return along_tokens(widths[0])
+    if width >= widths[-1]:
+        return along_tokens(widths[-1])
+    upper = next(w for w in widths if w >= width)
+    lower = max(w for w in widths if w < width)
+    share = (math.log(width) - math.log(lower)) / (math.log(upper) - math.log(lower))
+    return along_tokens(lower) * (1 - share) + along_tokens(upper) * share
+
+
+def _log_interp(line: list[tuple[int, float]], x: float) -> float:
+    if x <= line[0][0]:
+        # below the smallest probed size, a matmul's time stops shrinking with its work: the rate falls with it
+        return line[0][1] * max(x, 1) / line[0][0]
+    if x >= line[-1][0]:
+        return line[-1][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(line):
+        if x0 <= x <= x1:
+            share = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + (y1 - y0) * share
+    raise AssertionError("unreachable: x lies within the line")
+
+
+def this_host() -> str:
+    return socket.gethostname() or "localhost"
+
+
+def read_devices(directory: Path | None) -> tuple[list[DeviceRow], list[MeasurementRow]]:
+    """The probed devices of a catalog directory (none when it has no devices file)."""
+    if directory is None or not (directory / DEVICES_FILE).is_file():
+        return [], []
+    devices = parse_rows((directory / DEVICES_FILE).read_text(encoding="utf-8"), DeviceRow,
+                         str(directory / DEVICES_FILE))
+    path = directory / MEASUREMENTS_FILE
+    rows = parse_rows(path.read_text(encoding="utf-8"), MeasurementRow, str(path)) if path.is_file() else []
+    return devices, rows
+
+
+def merge_device(directory: Path, device: DeviceRow, rows: Iterable[MeasurementRow]) -> None:
+    """Add a probe to the catalog directory, replacing an earlier probe of the same device on the same host."""
+    from tunecast.atomic import write_text_atomic
+
+    devices, measurements = read_devices(directory)
+    devices = [d for d in devices if (d.slug, d.host) != (device.slug, device.host)] + [device]
+    keep = {d.slug for d in devices if d.slug != device.slug}
+    measurements = [m for m in measurements if m.device in keep] + list(rows)
+    write_text_atomic(directory / DEVICES_FILE, write_rows(devices, DEVICE_COLUMNS))
+    write_text_atomic(directory / MEASUREMENTS_FILE, write_rows(measurements, MEASUREMENT_COLUMNS))
+
+
+def figures_by_slug(devices: list[DeviceRow], rows: list[MeasurementRow]) -> dict[str, DeviceFigures]:
+    """Each device's figures (the newest probe of a slug wins)."""
+    newest: dict[str, DeviceRow] = {}
+    for device in devices:
+        if device.slug not in newest or device.as_of >= newest[device.slug].as_of:
+            newest[device.slug] = device
+    return {slug: DeviceFigures(device, tuple(r for r in rows if r.device == slug))
+            for slug, device in newest.items()}
+
+
+def device_slug(name: str, kind: str, gpus: GpuIndex) -> str:
+    """The catalog GPU's slug when `name` is one of its aliases; else a slug made from the name."""
+    if kind == "cuda":
+        gpu = gpus.find(name)
+        if gpu is not None:
+            return gpu.slug
+    stem = "-".join(part for part in _words(name.split(" (")[0]) if part)
+    return f"{kind}-{stem}"[:40].strip("-")
+
+
+def _words(name: str) -> list[str]:
+    cleaned = "".join(c if c.isalnum() else " " for c in name.lower())
+    noise = {"r", "tm", "processor", "cpu", "with", "graphics", "intel", "amd", "nvidia", "geforce", "core"}
+    return [word for word in cleaned.split() if word not in noise]
+
+
+def is_cpu(gpu: Gpu) -> bool:
+    """A probed CPU, planned on as a device (`--gpu local` on a machine without a GPU)."""
+    return gpu.measured is not None and gpu.measured.device.kind == "cpu"
+
+
+def from_probe(gpu: Gpu) -> bool:
+    """A row built from a probe alone (a CPU, a GPU the catalog does not list), not a catalog GPU's."""
+    return gpu.measured is not None and gpu.architecture == gpu.measured.device.kind
+
+
+def with_measured(gpus: dict[str, Gpu], directory: Path | None) -> dict[str, Gpu]:
+    """`gpus` with the probed devices of `directory`: a catalog GPU carries its measured figures; a device the
+    catalog does not list becomes a row of its own. The device probed on this host (its GPU, when it has both)
+    also answers to `local`."""
+    devices, rows = read_devices(directory)
+    if not devices:
+        return gpus
+    figures = figures_by_slug(devices, rows)
+    here = [f for f in figures.values() if f.device.host == this_host()]
+    local = max(here, key=lambda f: (f.device.kind == "cuda", f.device.as_of)) if here else None
+    merged = dict(gpus)
+    for slug, found in figures.items():
+        catalog_gpu = gpus.get(slug) if found.device.kind == "cuda" else None
+        merged[slug] = as_gpu(found, catalog_gpu, local=found is local)
+    return merged
+
+
+def as_gpu(figures: DeviceFigures, catalog_gpu: Gpu | None, *, local: bool = False) -> Gpu:
+    """The row the planner and the memory fit use for a measured device: the catalog GPU's own row (its
+    specifications, interconnect and price) with the measured figures attached, or for a device the
+    catalog does not know (a CPU, an unlisted GPU) a row built from what the probe measured."""
+    device = figures.device
+    aliases = (LOCAL,) if local else ()
+    if catalog_gpu is not None:
+        return catalog_gpu.model_copy(update={"measured": figures, "usable_memory_gib": device.usable_memory_gib,
+                                              "aliases": catalog_gpu.aliases + aliases})
+    best = max((row.value for row in figures.rows if row.quantity == "matmul"), default=None)
+    bandwidth = figures.value("bandwidth", _largest_shape(figures, "bandwidth"))
+    if best is None or bandwidth is None:
+        raise TunecastError(f"the probe of {device.name} lacks matmul or bandwidth figures", field="--gpu",
+                            hint="run `tunecast probe` again")
+    return Gpu(slug=device.slug, name=device.name, vendor="cpu" if device.kind == "cpu" else "nvidia",
+               architecture=device.kind, aliases=aliases, memory_gib=device.memory_gib,
+               usable_memory_gib=min(device.usable_memory_gib, device.memory_gib),
+               bf16_tflops=best, matmul_efficiency=1.0, memory_bandwidth_gb_per_s=bandwidth,
+               interconnect="none" if device.kind == "cpu" else "pcie", interconnect_gb_per_s=16.0, pcie_gen=4,
+               tdp_w=1.0, as_of=device.as_of, source=device.source, notes="measured by tunecast probe",
+               measured=figures)
+
+
+def _largest_shape(figures: DeviceFigures, quantity: str) -> str:
+    shapes = [row.shape for row in figures.rows if row.quantity == quantity]
+    return max(shapes, key=lambda s: float(s.removesuffix("MiB")), default="")
+
