@@ -132,6 +132,16 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int], list[Problem
     return data, lines, problems
 
 
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested document as dotted keys (`{"lora": {"rank": 8}}` → `{"lora.rank": 8}`): what `--set` writes."""
+    if isinstance(data, dict):
+        flat: dict[str, Any] = {}
+        for key, value in data.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): data}
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> bool:
     node = data
     *parents, leaf = key.split(".")

@@ -26,6 +26,7 @@ from typing import Any
 from tunecast.catalog.devices import DeviceRow, MeasurementRow, as_gpu, figures_by_slug
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
+from tunecast.config.load import flatten
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, TunecastError
 from tunecast.plan.throughput import StepTime
@@ -39,17 +40,8 @@ SPEED_KEYS = ("model", "method", "lora", "precision", "optimizer", "optimizer_in
 DATA_KEYS = ("dataset",)
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix.rstrip("."): data}
-
-
 def selected(spec_document: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    flat = _flatten(spec_document)
+    flat = flatten(spec_document)
     return {key: value for key, value in sorted(flat.items())
             if any(key == wanted or key.startswith(wanted + ".") for wanted in keys)}
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from tunecast.catalog.store import Catalog
-from tunecast.config.load import LoadedSpec
+from tunecast.config.load import LoadedSpec, flatten
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, TunecastError
 from tunecast.train.signals import PreemptionFlag
@@ -81,18 +81,9 @@ def output_url(spec: RunSpec) -> str:
     return spec.output if spec.output is not None else str((Path.cwd() / spec.default_output).resolve())
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        flat: dict[str, Any] = {}
-        for key, value in data.items():
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        return flat
-    return {prefix.rstrip("."): data}
-
-
 def config_changes(then: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(refused, allowed): the dotted keys whose value differs between the checkpoint's config and now."""
-    old, new = _flatten(then), _flatten(now)
+    old, new = flatten(then), flatten(now)
     changed = sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
     allowed = [key for key in changed if key.startswith(HARMLESS) or key in HARMLESS]
     return [key for key in changed if key not in allowed], allowed
@@ -198,7 +189,7 @@ def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: T
     then = manifest.get("requested", {})
     refused, allowed = config_changes(then, requested)
     if refused:
-        old, new = _flatten(then), _flatten(requested)
+        old, new = flatten(then), flatten(requested)
         listed = ", ".join(f"{key} ({old.get(key)!r} → {new.get(key)!r})" for key in refused[:6])
         more = f" and {len(refused) - 6} more" if len(refused) > 6 else ""
         raise TunecastError(f"the config changed since the checkpoint in a way that changes training: {listed}{more}",

@@ -4,6 +4,7 @@ and the throughput model on a measured device."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,7 @@ def _planner(tmp_path: Path, calibration: Calibration | None, **changes: Any) ->
     local = as_gpu(DeviceFigures(device(), tuple(cpu_rows())), None)
     catalog = dataclasses.replace(bundled, gpus=GpuIndex([local, bundled.gpus.get("h100-sxm")]), offers=())
     config = tmp_path / "model.json"
-    config.write_text(__import__("json").dumps(MODEL))
+    config.write_text(json.dumps(MODEL))
     values = {**RUN, "model": str(config), "global_batch": 4, "grad_checkpointing": False,
               "dataset": {"examples": 1000, "mean_tokens": 200}, **changes}
     loaded = load_spec(None, [Override(k, v, "test") for k, v in values.items()], catalog)
