@@ -14,6 +14,11 @@ def tiny_llama(**changes: Any) -> dict[str, Any]:
     return config
 
 
+def shallow_llama(**changes: Any) -> dict[str, Any]:
+    """The tiny Llama at two layers: traced once per shape (no depth fit), for tests of what uses a profile."""
+    return tiny_llama(**{"num_hidden_layers": 2, **changes})
+
+
 def tiny_qwen3(**changes: Any) -> dict[str, Any]:
     """Qwen3 shape: per-head q/k norms, head_dim × heads larger than the hidden size, tied embeddings."""
     config = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 10,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.models import tiny_llama
+from tests.models import shallow_llama
 
 OPTION_KEYS = {"gpu", "gpu_count", "provider", "spot", "usd_per_hour_total", "fits", "micro_batch", "grad_accum",
                "grad_checkpointing", "peak_reserved_gib", "tokens_per_second", "tokens_per_second_per_gpu", "hours",
@@ -21,7 +21,7 @@ def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def model(tmp_path: Path) -> str:
     path = tmp_path / "tiny.json"
-    path.write_text(json.dumps(tiny_llama()))
+    path.write_text(json.dumps(shallow_llama()))
     return str(path)
 
 
@@ -82,7 +82,7 @@ def test_breakeven_quoted_example(cli) -> None:
 def test_breakeven_in_units_of_work(cli, tmp_path) -> None:
     # wide enough that the GPUs' work, not dispatching kernels, sets the pace
     model = tmp_path / "wide.json"
-    model.write_text(json.dumps(tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
+    model.write_text(json.dumps(shallow_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16,
                                            num_key_value_heads=4)))
     run = tmp_path / "run.yaml"
     # the batch shape fixed: one memory estimate per card

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.models import tiny_llama
+from tests.models import shallow_llama, tiny_llama
 
 from tunecast.catalog.overheads import overhead_bytes
 from tunecast.catalog.store import load_catalog
@@ -60,7 +60,7 @@ def test_nf4_weights_and_constants_match_bitsandbytes_tensors(catalog) -> None:
 
 
 def test_qlora_estimate_swaps_bf16_weights_for_nf4(catalog) -> None:
-    config = tiny_llama(num_hidden_layers=10)
+    config = shallow_llama()
     lora = estimate(catalog, config, method="lora")
     qlora = estimate(catalog, config, method="qlora")
     quantized = _quantizable(config)
@@ -87,7 +87,7 @@ def test_8bit_optimizer_states_match_bitsandbytes(catalog) -> None:
 
 
 def test_paged_states_leave_the_allocator(catalog) -> None:
-    config = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4)
+    config = shallow_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4)
     adamw = estimate(catalog, config, method="full")
     paged = estimate(catalog, config, method="full", optimizer="paged-adamw-8bit")
     assert paged.managed_gib > 0 and paged.breakdown_gib["optimizer"] < adamw.breakdown_gib["optimizer"] / 10
@@ -105,7 +105,7 @@ def test_activation_offload_moves_activations_to_host(catalog) -> None:
 
 
 def test_ddp_adds_gradient_buckets_and_fsdp_shards(catalog) -> None:
-    config = tiny_llama(hidden_size=256, intermediate_size=512)
+    config = shallow_llama(hidden_size=256, intermediate_size=512)
     single = estimate(catalog, config, method="full")
     ddp = estimate(catalog, config, method="full", gpus={"count": 4})
     fsdp = estimate(catalog, config, method="full", gpus={"count": 4, "strategy": "fsdp"})
@@ -116,7 +116,7 @@ def test_ddp_adds_gradient_buckets_and_fsdp_shards(catalog) -> None:
 
 
 def test_cpu_offload_of_optimizer_states(catalog) -> None:
-    config = tiny_llama(hidden_size=256, intermediate_size=512)
+    config = shallow_llama(hidden_size=256, intermediate_size=512)
     sharded = estimate(catalog, config, method="full", gpus={"count": 2, "strategy": "fsdp"})
     offloaded = estimate(catalog, config, method="full", gpus={"count": 2, "strategy": "fsdp", "offload": "optimizer"})
     assert offloaded.breakdown_gib["optimizer"] == 0
@@ -124,7 +124,7 @@ def test_cpu_offload_of_optimizer_states(catalog) -> None:
 
 
 def test_cuda_terms_context_and_workspace(catalog) -> None:
-    config = tiny_llama()
+    config = shallow_llama()
     result = estimate(catalog, config, method="lora")
     context = overhead_bytes(catalog.overheads, "cuda_context", "hopper") / GIB
     workspace = overhead_bytes(catalog.overheads, "cublas_workspace", "hopper") / GIB
@@ -135,7 +135,7 @@ def test_cuda_terms_context_and_workspace(catalog) -> None:
 
 
 def test_cpu_estimate_is_live_tensors_plus_framework_overhead(catalog) -> None:
-    config = tiny_llama()
+    config = shallow_llama()
     result = estimate(catalog, config, device="cpu", gpu=None, method="lora")
     framework = overhead_bytes(catalog.overheads, "cpu_framework", "*") / GIB
     assert result.peak_reserved_gib == result.peak_allocated_gib
@@ -145,7 +145,7 @@ def test_cpu_estimate_is_live_tensors_plus_framework_overhead(catalog) -> None:
 def test_closed_form_fallback_when_tracing_is_unavailable(catalog, monkeypatch) -> None:
     from tunecast.estimate import tracer
 
-    config = tiny_llama(hidden_size=256, intermediate_size=512, vocab_size=2048)
+    config = shallow_llama(hidden_size=256, intermediate_size=512, vocab_size=2048)
     traced = estimate(catalog, config, device="cpu", gpu=None, method="lora")
     monkeypatch.setattr(tracer, "tracing_available", lambda: "no fake tensors in this build")
     monkeypatch.setenv("TUNECAST_CACHE", str(__import__("tempfile").mkdtemp()))
@@ -163,7 +163,7 @@ def test_adapters_in_the_model_dtype_save_peft_fp32_copies(catalog) -> None:
     from tunecast.estimate.shape import hf_config
     from tunecast.train.setup import apply_adapters
 
-    config = tiny_llama()
+    config = shallow_llama()
     for fp32 in (True, False):
         spec = RunSpec.model_validate({"model": "x", "lora": {"fp32_adapters": fp32}})
         model = AutoModelForCausalLM.from_config(hf_config(config), dtype=torch.bfloat16)

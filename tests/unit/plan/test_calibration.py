@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.models import tiny_llama
+from tests.models import shallow_llama
 from tests.unit.catalog.test_devices import cpu_rows, device
 
 from tunecast.catalog.devices import DeviceFigures, as_gpu
@@ -34,7 +34,7 @@ from tunecast.plan.throughput import StepTime, step_time
 from tunecast.plan.workload import workload_for
 from tunecast.train.calibrate import whole_run
 
-MODEL = tiny_llama()
+MODEL = shallow_llama()
 RUN = {"model": "x", "method": "lora", "micro_batch": 4, "seq_len": 256, "lora": {"rank": 8}}
 
 
@@ -75,7 +75,7 @@ def test_the_hash_covers_what_changes_a_steps_speed_and_nothing_else() -> None:
                      {"micro_batch": 2}, {"seq_len": 512}, {"packing": True}, {"grad_checkpointing": True},
                      {"attention": "eager"}, {"loss": "chunked"}, {"gpus": {"strategy": "fsdp"}}):
         assert speed_hash(speed_settings(spec(**changing), MODEL)) != speed_hash(base), changing
-    assert speed_settings(spec(), tiny_llama(hidden_size=128)) != base  # the model is its config
+    assert speed_settings(spec(), shallow_llama(hidden_size=128)) != base  # the model is its config
 
 
 def test_a_calibration_of_another_configuration_is_refused_naming_the_keys() -> None:

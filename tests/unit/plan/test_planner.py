@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.models import tiny_llama
+from tests.models import shallow_llama
 
 from tunecast.catalog.gpus import GpuIndex
 from tunecast.catalog.offers import Offer
@@ -55,14 +55,14 @@ def tiny_catalog(offers: list[Offer], memory: dict[str, float] | None = None,
     return dataclasses.replace(bundled, gpus=GpuIndex(gpus), offers=tuple(offers))
 
 
-WIDER = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4)
-WIDE = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
+WIDER = shallow_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4)
+WIDE = shallow_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
 
 
 def loaded_spec(tmp_path: Path, catalog: Catalog, model_config: dict[str, Any] | None = None,
                 **changes: Any):  # type: ignore[no-untyped-def]
     model = tmp_path / "tiny.json"
-    model.write_text(json.dumps(model_config or tiny_llama()))
+    model.write_text(json.dumps(model_config or shallow_llama()))
     spec = {"model": str(model), **BASE}
     for key, value in changes.items():
         if isinstance(value, dict) and isinstance(spec.get(key), dict):
@@ -244,7 +244,7 @@ def test_a_fitting_card_without_offers_is_listed_unpriced(tmp_path) -> None:
 def test_a_plan_without_a_dataset_names_the_missing_field(tmp_path) -> None:
     catalog = tiny_catalog([offer("h100-sxm", 2.0)])
     model = tmp_path / "tiny.json"
-    model.write_text(json.dumps(tiny_llama()))
+    model.write_text(json.dumps(shallow_llama()))
     loaded = load_spec(None, [Override("model", str(model), "--model")], catalog)
     with pytest.raises(TunecastError) as error:
         make_plan(loaded, catalog, PlanRequest(), today=TODAY)

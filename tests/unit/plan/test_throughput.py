@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.models import tiny_llama
+from tests.models import shallow_llama, tiny_llama
 
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
@@ -15,10 +15,12 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.throughput import DEQUANTIZE_BYTES_PER_WEIGHT, forward_seconds, matmul_seconds, step_time
 
 # Wide enough that long sequences are compute-bound, small enough to trace in seconds.
-CONFIG = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
+CONFIG = shallow_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
 # At 8B's width, where the weight-gradient matmuls LoRA skips outweigh its adapters' memory-bound operations
 # (at width 1024 they do not: the dropout, scaling and addition on every adapted Linear cost more).
-WIDE = tiny_llama(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+WIDE = shallow_llama(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8)
+# Deep enough to be traced at two depths and extrapolated (the others are traced once, at their depth).
+DEEP = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +81,7 @@ def test_faster_cards_and_fp8(catalog) -> None:
 
 
 def test_small_micro_batches_are_bound_by_dispatch(catalog) -> None:
-    small, _, pair = step(catalog, batch=1, seq=32, method="lora")
+    small, _, pair = step(catalog, batch=1, seq=32, method="lora", config=DEEP)
     large, _, _ = step(catalog, batch=4, seq=1024, method="lora")
     assert small.dispatch_s > 0 and large.dispatch_s == 0
     # kernels counted in the traced shallow models, extrapolated in depth like every other term
