@@ -23,9 +23,11 @@ Run:  .venv/bin/python benchmarks/cpu_throughput_check.py            (about 15 m
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -77,8 +79,8 @@ CASES = [
          {"method": "full", "micro_batch": 2, "seq_len": 128, "packing": False}),
     Case("tinyllama-qlora-mb1-512-packed", "TinyLlama/TinyLlama-1.1B-Chat-v1.0", 2,
          {"method": "qlora", "lora": LORA, "micro_batch": 1, "seq_len": 512, "packing": True}),
-    Case("qwen3-0.6b-lora-mb8-1024-packed", "Qwen/Qwen3-0.6B", 2,
-         {"method": "lora", "lora": LORA, "micro_batch": 8, "seq_len": 1024, "packing": True}),
+    Case("qwen3-0.6b-lora-mb8-256-packed", "Qwen/Qwen3-0.6B", 2,
+         {"method": "lora", "lora": LORA, "micro_batch": 8, "seq_len": 256, "packing": True}),
 ]
 QUICK = ("gpt2-lora-mb1-128-padded", "qwen2.5-0.5b-lora-mb2-512-padded", "llama-3.2-1b-full-mb2-128-padded")
 
@@ -116,8 +118,13 @@ def wait_for_quiet(limit_s: float = 30.0) -> None:
         time.sleep(1.0)
 
 
-def run_case(case: Case, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
+def run_case(case: Case, scratch: Path, env: dict[str, str], reuse: bool = False) -> dict[str, Any]:
     folder = scratch / case.label
+    metrics = folder / "out" / "metrics.jsonl"
+    if reuse and metrics.is_file():  # a kept run: predict again, measure nothing
+        return _compare(case, folder, env, started=None)
+    if folder.exists():
+        shutil.rmtree(folder)
     folder.mkdir()
     model = shrunk_config(case.model, case.layers, folder)
     steps = WARMUP + MEASURED
@@ -131,17 +138,23 @@ def run_case(case: Case, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
            "checkpoint": {"every_steps": 100_000}, "output": str(folder / "out")}
     config = folder / "run.yaml"
     config.write_text(json.dumps(run))
-    planned = subprocess.run([str(TUNECAST), "plan", str(config), "--gpu", "local", "--json"], env=env,
-                             capture_output=True, text=True, timeout=900)
-    if planned.returncode != 0:
-        return {"label": case.label, "error": planned.stderr.strip().splitlines()[-1]}
-    option = json.loads(planned.stdout)["options"][0]
     wait_for_quiet()
     started = time.monotonic()
     trained = subprocess.run([str(TUNECAST), "train", str(config), "--no-memory-check"], env=env,
                              capture_output=True, text=True, timeout=1800)
     if trained.returncode != 0:
         return {"label": case.label, "error": trained.stderr.strip().splitlines()[-1]}
+    return _compare(case, folder, env, started)
+
+
+def _compare(case: Case, folder: Path, env: dict[str, str], started: float | None) -> dict[str, Any]:
+    """The plan's tokens/s for the case's run against what its metrics measured."""
+    config = folder / "run.yaml"
+    planned = subprocess.run([str(TUNECAST), "plan", str(config), "--gpu", "local", "--json"], env=env,
+                             capture_output=True, text=True, timeout=900)
+    if planned.returncode != 0:
+        return {"label": case.label, "error": planned.stderr.strip().splitlines()[-1]}
+    option = json.loads(planned.stdout)["options"][0]
     records = [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
     steps_done = [r for r in records if r["kind"] == "train"][WARMUP:]
     seconds = sum(r["step_seconds"] for r in steps_done)
@@ -150,7 +163,7 @@ def run_case(case: Case, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
             "measured": measured, "predicted": option["tokens_per_second"],
             "padding": sum(r["padded_tokens"] for r in steps_done) / sum(r["tokens"] for r in steps_done),
             "optimizer_share": sum(r.get("optimizer_seconds", 0.0) for r in steps_done) / seconds,
-            "wall_s": time.monotonic() - started}
+            "wall_s": time.monotonic() - started if started is not None else None}
 
 
 def table(results: list[dict[str, Any]], device: str) -> str:
@@ -181,6 +194,9 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated case labels")
     parser.add_argument("--write", action="store_true", help="record the table in docs/validation/throughput.md")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (runs, metrics, the probe)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --keep: predict again for the runs already there, without training them again "
+                             "(and with the probe there, if any): to check a change of the model")
     args = parser.parse_args()
     chosen = [c for c in CASES if (not args.quick or c.label in QUICK)
               and (not args.only or c.label in args.only.split(","))]
@@ -189,14 +205,19 @@ def main() -> int:
         scratch.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **ENV, "TUNECAST_CATALOG": str(scratch / "catalog"),
                "TUNECAST_CACHE": os.environ.get("TUNECAST_CACHE", str(scratch / "cache"))}
-        wait_for_quiet()
-        probed = subprocess.run([str(TUNECAST), "probe", "--json"], env=env, capture_output=True, text=True,
-                                timeout=300, check=True)
-        device = json.loads(probed.stdout)["device"]["name"]
+        reuse = args.reuse and args.keep is not None
+        if reuse and (scratch / "catalog" / "devices.csv").is_file():
+            with (scratch / "catalog" / "devices.csv").open() as handle:
+                device = next(csv.DictReader(handle))["name"]
+        else:
+            wait_for_quiet()
+            probed = subprocess.run([str(TUNECAST), "probe", "--json"], env=env, capture_output=True, text=True,
+                                    timeout=300, check=True)
+            device = json.loads(probed.stdout)["device"]["name"]
         print(f"probed {device}", file=sys.stderr)
         results = []
         for case in chosen:
-            result = run_case(case, scratch, env)
+            result = run_case(case, scratch, env, reuse)
             results.append(result)
             shown = (f"{result['measured']:,.0f} measured, {result['predicted']:,.0f} predicted "
                      f"({result['predicted'] / result['measured'] - 1:+.0%})" if "error" not in result

@@ -8,12 +8,13 @@ measured run used; the others are listed with the reason.
 * tokens/s rows: predicted tokens per second per GPU against the measured figure;
 * QLoRA/LoRA time ratios: the predicted step time of QLoRA over LoRA on the same card and shape.
 
-Run:  .venv/bin/python benchmarks/throughput_check.py
+Run:  .venv/bin/python benchmarks/throughput_check.py   [--only frameworks|peft] [--dry-run]
 Writes the table between the throughput markers of docs/validation/throughput.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import statistics
 import sys
@@ -145,7 +146,9 @@ def _ratio_row(catalog: Any, row: dict[str, str]) -> Row:
 PEFT_DATA = REPO / "benchmarks" / "data" / "throughput-peft-measured.csv"
 PEFT_MARK = "throughput-peft"
 # How the runs' settings map onto a RunSpec. "flash" attention is traced as SDPA (neither keeps a seq × seq
-# matrix); fp16 runs were mixed precision.
+# matrix); fp16 runs are mixed precision unless the notes say pure fp16 (half-precision weights and states
+# without autocast: tunecast's pure bf16, the same bytes and speed); a padding-free micro-batch is one packed
+# row of its examples; length-bucketed batches are declared with no length spread (next to no padding).
 PEFT_PRECISION = {"bf16": "bf16", "fp16": "fp16-mixed"}
 PEFT_UNITS = ("tokens_per_second_real", "tokens_per_second")
 
@@ -156,19 +159,27 @@ def _peft_settings(row: dict[str, str]) -> dict[str, Any] | str:
         return f"unit {row['unit']!r}: the source gives no token count to turn it into tokens/s"
     method = row["method"]
     precision = PEFT_PRECISION.get(row["precision"].split(";")[0].strip(), "bf16")
-    if method in ("qlora",) or row["precision"].startswith("nf4"):
-        precision = "bf16"
+    if method in ("qlora",) or row["precision"].startswith("nf4") or "pure fp16" in row["notes"]:
+        precision = "bf16"  # half-precision weights and states without autocast: tunecast's pure bf16
     packed = row["packed"].startswith("yes")
     seq = int(row["seq_len"])
+    micro_batch = int(row["micro_batch"])
+    mean = float(row["mean_tokens"]) if row["mean_tokens"][:1].isdigit() else seq
+    if "padding-free" in row["packed"]:
+        # the micro-batch's examples flattened into one row without attention across them: one packed
+        # sequence of micro_batch × mean tokens
+        micro_batch, seq = 1, round(micro_batch * mean)
     settings: dict[str, Any] = {
         "model": row["model"], "method": "lora" if method == "dora" else method, "precision": precision,
-        "micro_batch": int(row["micro_batch"]), "grad_accum": int(row["grad_accum"] or 1), "seq_len": seq,
+        "micro_batch": micro_batch, "grad_accum": int(row["grad_accum"] or 1), "seq_len": seq,
         "packing": packed, "grad_checkpointing": row["grad_checkpointing"].startswith("yes"),
         "optimizer": "adamw", "gpus.count": 1, "gpus.gpu": row["gpu"], "plan.memory_margin": 0.0,
         "attention": "eager" if row["attention"].startswith("eager") else "sdpa",
         "dataset.examples": 100_000,
-        "dataset.mean_tokens": float(row["mean_tokens"]) if row["mean_tokens"][:1].isdigit() else seq,
+        "dataset.mean_tokens": min(mean, seq),
     }
+    if "length-bucketed" in row["notes"]:
+        settings["dataset.length_spread"] = 0.0  # batches of near-equal lengths: next to no padding
     if method != "full":
         targets = [t.strip() for t in row["lora_targets"].split(";") if t.strip()]
         settings.update({"lora.rank": int(row["lora_rank"]), "lora.alpha": 2 * int(row["lora_rank"]),
@@ -253,15 +264,24 @@ def render(rows: list[Row], skipped: list[tuple[str, str]]) -> str:
 
 
 def main() -> None:
-    rows, skipped = check()
-    text = render(rows, skipped)
-    write_section(DOC, MARK, text)
-    print(text)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=("frameworks", "peft"), help="one of the two tables")
+    parser.add_argument("--dry-run", action="store_true", help="print the tables, write nothing")
+    args = parser.parse_args()
+    if args.only != "peft":
+        rows, skipped = check()
+        text = render(rows, skipped)
+        if not args.dry_run:
+            write_section(DOC, MARK, text)
+        print(text)
+    if args.only == "frameworks":
+        return
     rows, skipped = check_peft()
     text = render(rows, skipped)
     signed = [row.error for row in rows if row.error is not None]
     text += f"\n\nMedian signed error: **{statistics.median(signed):+.1%}**."
-    write_section(DOC, PEFT_MARK, text)
+    if not args.dry_run:
+        write_section(DOC, PEFT_MARK, text)
     print(text)
 
 

@@ -1,5 +1,5 @@
 """`tunecast probe` and `tunecast calibrate` on this CPU, and the plan that uses them (`--gpu local`,
-`--calibration`). The device is probed for real once per module (about half a minute); the commands reuse its
+`--calibration`). The device is probed for real once per module (about 30 s); the commands reuse its
 figures."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from tests.trainruns import tiny_run
 from tunecast.catalog.store import load_catalog
 from tunecast.train import probe
 
-PROBE_S_LIMIT = 60  # the probe's promise: under a minute
+# The probe's promise: under a minute on an idle machine (about 30 s on this 2-core VM); the suite's other
+# worker shares the two cores, which can double it.
+PROBE_S_LIMIT = 60 * (2 if os.environ.get("PYTEST_XDIST_WORKER") else 1)
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,8 @@ def _reuse_probe(measured: probe.ProbeResult, monkeypatch: pytest.MonkeyPatch, s
 
 def test_the_probe_measures_what_the_throughput_model_needs(measured: probe.ProbeResult) -> None:
     quantities = {row.quantity for row in measured.measurements}
-    assert {"matmul", "attention", "bandwidth", "random", "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
+    assert {"matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth", "random",
+            "first_touch", "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
     assert measured.device.kind == "cpu" and measured.device.count == 1 and measured.seconds < PROBE_S_LIMIT
     fp32 = {row.shape: row.value for row in measured.measurements if row.quantity == "matmul" and row.dtype == "fp32"}
     assert fp32["16x512x512"] < max(fp32.values())  # a handful of tokens is slower per FLOP than many

@@ -45,8 +45,11 @@ DEVICES_FILE = "devices.csv"
 MEASUREMENTS_FILE = "device_measurements.csv"
 LOCAL = "local"
 
-Quantity = Literal["matmul", "attention", "bandwidth", "random", "transcendental", "op_overhead", "optimizer",
-                   "optimizer_tensor", "bnb_4bit_call", "bnb_4bit_dequantize"]
+Quantity = Literal["matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth",
+                   "random", "transcendental", "first_touch", "op_overhead", "optimizer", "optimizer_tensor",
+                   "bnb_4bit_call", "bnb_4bit_dequantize"]
+# A Linear layer's three products: x·Wᵀ forward, g·W for the input gradient, gᵀ·x for the weight gradient.
+PRODUCTS = ("forward", "input_grad", "weight_grad")
 
 
 class DeviceRow(CatalogRow):
@@ -113,10 +116,13 @@ class DeviceFigures:
     def dtypes(self, quantity: str = "matmul") -> set[str]:
         return {row.dtype for row in self.rows if row.quantity == quantity}
 
-    def matmul_tflops(self, dtype: str, tokens: float, inputs: int, outputs: int) -> float | None:
+    def matmul_tflops(self, dtype: str, tokens: float, inputs: int, outputs: int,
+                      product: str | None = None) -> float | None:
         """Measured rate of a (tokens × inputs) @ (inputs × outputs) product: interpolated in log(tokens) and
-        log(width) between the probed shapes, held at the nearest probed shape beyond them."""
-        points = self._points("matmul", dtype)
+        log(width) between the probed shapes, held at the nearest probed shape beyond them. `product` (one of
+        PRODUCTS) asks for that product's own rate where the probe timed it; None, the three together."""
+        points = self._points(f"matmul_{product}", dtype) if product else []
+        points = points or self._points("matmul", dtype)
         if not points:
             return None
         return _interpolate(points, tokens, math.sqrt(inputs * outputs))
@@ -129,9 +135,18 @@ class DeviceFigures:
 def _interpolate(points: list[MatmulPoint], tokens: float, width: float) -> float:
     widths = sorted({p.width for p in points})
 
+    lines = {w: sorted((p.tokens, p.tflops) for p in points if p.width == w) for w in widths}
+
     def along_tokens(w: float) -> float:
-        line = sorted((p.tokens, p.tflops) for p in points if p.width == w)
-        return _log_interp(line, tokens)
+        line = lines[w]
+        last = line[-1][0]
+        longer = [other for other in widths if lines[other][-1][0] > last]
+        if tokens <= last or not longer:
+            return _log_interp(line, tokens)
+        # beyond the largest token count probed at this width (a wide one, timed at fewer tokens to keep the
+        # probe short): the rate grows from there as it does at the nearest width probed further
+        guide = lines[min(longer, key=lambda other: abs(math.log(other / w)))]
+        return line[-1][1] * _log_interp(guide, tokens) / _log_interp(guide, last)
 
     if width <= widths[0] or len(widths) == 1:
         return along_tokens(widths[0])

@@ -151,7 +151,8 @@ def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check
                   "again to resume.[/]")
         return EXIT_PREEMPTED
     if not json_output:
-        out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}). "
+        speed = f", {result.tokens_per_second:,.0f} tok/s" if result.tokens_per_second else ""
+        out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}{speed}). "
                   f"Final model: {escape(str(result.final))}")
     return 0
 

@@ -79,6 +79,9 @@ def _dataset_problems(spec: RunSpec, add: Callable[..., None]) -> None:
             add("dataset.mean_trained_tokens", f"{data.mean_trained_tokens} exceeds mean_tokens "
                 f"{data.mean_tokens}: trained tokens are a part of the processed ones",
                 "set it to at most dataset.mean_tokens")
+    if data.length_spread is not None and data.mean_tokens is None:
+        add("dataset.length_spread", "describes a declared size, and none is given",
+            "remove dataset.length_spread, or declare dataset.examples and dataset.mean_tokens")
     if data.path is None and declared and "format" in data.model_fields_set:
         add("dataset.format", "is ignored with a declared size", "remove dataset.format", severity="warning")
     if spec.eval.every_steps is not None and spec.eval.examples == 0:

@@ -123,6 +123,11 @@ class DatasetSpec(_Section):
     """Declared mean tokens per example that count in the loss (completion only). Default: the same
     as `mean_tokens`."""
 
+    length_spread: float | None = Field(None, ge=0, le=3, examples=[0.46])
+    """Declared spread of example lengths, the σ of their log (log-normal around `mean_tokens`), for the
+    padding of an unpacked run: `0` when examples are all alike or batches are grouped by length. Default:
+    the catalog's `declared_length_sigma` (0.46, measured padding of a real instruction dataset)."""
+
 
 class GpuSpec(_Section):
     """Which GPUs, how many, and how the work is spread over them."""

@@ -189,6 +189,18 @@ def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -
     return prepare_for_training(model, settings)
 
 
+def _linear_shape(module: Any) -> tuple[int, int, bool] | None:
+    """(in, out, weight trains) of a Linear layer, or of GPT-2's Conv1D (a Linear with its weight transposed)."""
+    import torch
+
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features, bool(module.weight.requires_grad)
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
+        inputs, outputs = module.weight.shape
+        return int(inputs), int(outputs), bool(module.weight.requires_grad)
+    return None
+
+
 def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
     import torch
 
@@ -204,8 +216,7 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
                 quantizable.append(weight.numel())
     trainable = [p for p in model.parameters() if p.requires_grad]
     first = list(layers[0].parameters()) if layers else []
-    linears = tuple((m.in_features, m.out_features, bool(m.weight.requires_grad))
-                    for m in (layers[0].modules() if layers else ()) if isinstance(m, torch.nn.Linear))
+    linears = tuple(shape for m in (layers[0].modules() if layers else ()) if (shape := _linear_shape(m)))
     head = base.get_output_embeddings()
     head_linear = (head.in_features, head.out_features, bool(head.weight.requires_grad)) \
         if isinstance(head, torch.nn.Linear) else (0, 0, False)

@@ -11,7 +11,7 @@ other operations write, both as polynomials in micro-batch and length, extrapola
 * attention: its FLOPs at the attention kernels' efficiency;
 * everything else (norms, activations, rotary, softmax, casts, the loss): memory-bound, each byte written
   once and read once, at the bandwidth;
-* QLoRA: each pass over a quantized weight dequantizes it (read half a byte, write two) — forward, backward,
+* QLoRA: each pass over a quantized weight dequantizes it (bitsandbytes' measured cost per weight) — forward, backward,
   and again when checkpointing recomputes;
 * dispatch: every eager operation costs the CPU a few microseconds to dispatch and launch (the traced step
   counts the operations); the GPU works through its queue asynchronously, so this shows only where it
@@ -73,30 +73,28 @@ def _depth(pair: ProfilePair, pick: Any) -> float:
 
 
 def matmul_seconds(linears: tuple[tuple[int, int, bool], ...], tokens: int, *,
-                   passes: int, flops_per_s: float | Callable[[float, int, int], float],
+                   passes: int, flops_per_s: float | Callable[[float, int, int, str], float],
                    bytes_per_s: float, element: int, backward: bool = True) -> tuple[float, float]:
     """Roofline time and FLOPs of the Linear layers for `tokens` rows: `passes` forward passes (2 with
     checkpointing), then (with `backward`) the input gradient, and the weight gradient when the weight trains.
-    `flops_per_s` is a rate, or the rate of a (tokens × inputs) @ (inputs × outputs) product (measured)."""
+    `flops_per_s` is a rate, or the rate of one of the three products of a (tokens × inputs) @ (inputs × outputs)
+    layer (measured)."""
     seconds = flops_total = 0.0
     for inputs, outputs, trains in linears:
         flops = 2 * tokens * inputs * outputs
         moved = element * (tokens * inputs + inputs * outputs + tokens * outputs)
-        count = passes + ((1 + (1 if trains else 0)) if backward else 0)
-        rate = flops_per_s(tokens, inputs, outputs) if callable(flops_per_s) else flops_per_s
-        seconds += max(flops / rate, moved / bytes_per_s) * count
-        flops_total += flops * count
+        counts = {"forward": passes, "input_grad": 1 if backward else 0,
+                  "weight_grad": 1 if backward and trains else 0}
+        for product, count in counts.items():
+            rate = flops_per_s(tokens, inputs, outputs, product) if callable(flops_per_s) else flops_per_s
+            seconds += max(flops / rate, moved / bytes_per_s) * count
+            flops_total += flops * count
     return seconds, flops_total
 
 
 # Share of a training step's non-matmul work (attention kernels, memory-bound operations) done in the forward
 # pass: backward kernels do about twice the forward's work (FlashAttention-2's backward ~2.5× its forward).
 FORWARD_SHARE = 1 / 3
-# Bytes moved to dequantize one NF4 weight for one pass: read half a byte, write its two-byte bf16 copy
-# (bitsandbytes dequantizes, then runs a plain matmul, whose roofline already counts reading that copy).
-DEQUANTIZE_BYTES_PER_WEIGHT = 0.5 + 2
-
-
 @dataclass(frozen=True)
 class _Rates:
     """What one device achieves for this run's precision: the catalog's datasheet figures × efficiencies, or
@@ -113,6 +111,8 @@ class _Rates:
     dtype: str = "bf16"
     random_s: float = 0.0  # seconds per random number drawn beyond writing it (measured; ~0 on a GPU)
     transcendental: float = 0.0  # bytes/s (written) of exp/log/erf-like operations, where measured
+    dequantize_bytes: float = 2.5  # bytes at the bandwidth that dequantizing one NF4 weight costs (catalog)
+    first_touch: float = 0.0  # bytes/s at which fresh pages fault in (a CPU, where measured)
 
     @classmethod
     def of(cls, spec: RunSpec, gpu: Gpu, constants: ThroughputConstants) -> _Rates:
@@ -126,7 +126,8 @@ class _Rates:
         bf16 = gpu.bf16_tflops * 1e12 * efficiency
         return cls(peak * efficiency, bf16, bf16 * constants.get("attention_efficiency"),
                    gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency"), element,
-                   constants.get("op_dispatch_us") * 1e-6, False)
+                   constants.get("op_dispatch_us") * 1e-6, False,
+                   dequantize_bytes=constants.get("bnb_dequantize_bytes_per_weight"))
 
     @classmethod
     def _measured(cls, spec: RunSpec, figures: DeviceFigures, constants: ThroughputConstants,
@@ -140,15 +141,18 @@ class _Rates:
         assert bandwidth is not None and host is not None, "a probe always measures bandwidth and overhead"
         random = figures.value("random")
         transcendental = figures.value("transcendental", dtype=dtype)
+        first_touch = figures.value("first_touch")
         return cls(large, large, attention * 1e12 if attention else large * constants.get("attention_efficiency"),
                    bandwidth * 1e9, element, host * 1e-6, figures.device.kind == "cpu", figures, dtype,
                    random * 1e-9 if random is not None else 0.0,
-                   transcendental * 1e9 if transcendental is not None else 0.0)
+                   transcendental * 1e9 if transcendental is not None else 0.0,
+                   constants.get("bnb_dequantize_bytes_per_weight"),
+                   first_touch * 1e9 if first_touch is not None else 0.0)
 
-    def linear_rate(self, tokens: float, inputs: int, outputs: int) -> float:
-        """FLOP/s of one Linear layer's products for `tokens` rows: measured at this shape where probed."""
+    def linear_rate(self, tokens: float, inputs: int, outputs: int, product: str | None = None) -> float:
+        """FLOP/s of one of a Linear layer's products for `tokens` rows: measured at this shape where probed."""
         if self.figures is not None:
-            rate = self.figures.matmul_tflops(self.dtype, tokens, inputs, outputs)
+            rate = self.figures.matmul_tflops(self.dtype, tokens, inputs, outputs, product)
             if rate is not None:
                 return rate * 1e12
         return self.matmul
@@ -187,11 +191,23 @@ def compute_dtype(precision: str, measured: set[str]) -> str:
     return "bf16" if "bf16" in measured else sorted(measured)[0]
 
 
+# glibc's largest dynamic mmap threshold on 64-bit Linux (DEFAULT_MMAP_THRESHOLD_MAX): a block at least this
+# large is mapped afresh by every allocation and unmapped when freed, so its pages fault in again each step.
+MMAP_THRESHOLD = 32 * 2**20
+
+
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
     return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
             for kind in ("matmul", "attention", "elementwise_bytes", "kernels", "random_elements",
                          "transcendental_bytes")}
+
+
+def _first_touch_seconds(pair: ProfilePair, rates: _Rates, micro_batch: int, seq: int) -> float:
+    """A CPU where the probe measured it: faulting in the pages of the step's large allocations."""
+    if not rates.first_touch:
+        return 0.0
+    return _depth(pair, lambda p: p.fresh_bytes(micro_batch, seq, MMAP_THRESHOLD)) / rates.first_touch
 
 
 
@@ -208,14 +224,15 @@ def forward_seconds(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: Throu
 
 
 def dequantize_seconds(pair: ProfilePair, rates: _Rates, *, passes: int) -> float:
-    """QLoRA: every pass over a quantized weight dequantizes it — at the memory bandwidth (read half a byte,
-    write a bf16 copy), or at bitsandbytes' measured cost per call and per weight where the probe measured it."""
+    """QLoRA: every pass over a quantized weight dequantizes it — at the cost per weight that bitsandbytes'
+    kernel has been measured at (catalog row bnb_dequantize_bytes_per_weight, in bytes at the memory
+    bandwidth), or at its cost per call and per weight where the probe measured it."""
     quantized = _depth(pair, lambda p: p.facts.quantizable_numel)
     figures = rates.figures
     per_call = figures.value("bnb_4bit_call") if figures is not None else None
     per_weight = figures.value("bnb_4bit_dequantize") if figures is not None else None
     if per_call is None or per_weight is None:
-        return passes * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / rates.bandwidth
+        return passes * quantized * rates.dequantize_bytes / rates.bandwidth
     calls = pair.layers * sum(1 for _, _, trains in pair.deeper.facts.layer_linears if not trains)
     return passes * (calls * per_call * 1e-6 + quantized * per_weight * 1e-9)
 
@@ -237,7 +254,8 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     work = _work(pair, micro_batch, seq)
     other_flops = max(0.0, work["matmul"] - linear_flops)
     compute_s = (linear_s + other_flops / rates.bf16 + work["attention"] / rates.attention
-                 + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s)
+                 + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s
+                 + _first_touch_seconds(pair, rates, micro_batch, seq))
 
     dequantize_s = dequantize_seconds(pair, rates, passes=passes + 1) if spec.method == "qlora" else 0.0
     # Every eager operation costs the host its Python, autograd and dispatch time. On a GPU kernels are queued

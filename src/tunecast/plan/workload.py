@@ -41,6 +41,7 @@ class Workload:
     seed: int = 42
     eval_examples: int = 0  # evaluated each time (held out of a dataset file)
     length_sigma: float | None = None  # a declared size: the log-normal σ of example lengths assumed for padding
+    sigma_source: str = "catalog row declared_length_sigma"  # where length_sigma comes from, in words
     # tokens_per_sequence by micro-batch: the planner asks for each micro-batch on every GPU and count
     _padded: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -99,9 +100,16 @@ class Workload:
                 "trained_tokens": round(self.total_trained_tokens), "tokens_per_epoch": self.processed_tokens,
                 "epochs": self.epochs, "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
                 "tokenizer": self.tokenizer, "eval_examples": self.eval_examples,
-                "padding_assumption": (f"example lengths log-normal around the declared mean (σ {self.length_sigma:g}, "
-                                       "catalog row declared_length_sigma)")
-                if self.length_sigma and not self.packed else None}
+                "padding_assumption": self.padding_assumption()}
+
+    def padding_assumption(self) -> str | None:
+        """How a declared size is padded, in words; None for a measured or packed dataset."""
+        if self.measured or self.packed or self.length_sigma is None:
+            return None
+        if self.length_sigma == 0:
+            return "examples of equal length (dataset.length_spread 0): no padding"
+        return (f"example lengths log-normal around the declared mean (σ {self.length_sigma:g}: "
+                f"{self.sigma_source})")
 
 
 def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
@@ -137,7 +145,10 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
                             spec.packing, False, "declared size (dataset.examples × dataset.mean_tokens)",
                             round((processed + spec.eval.examples * per_example) * DECLARED_BYTES_PER_TOKEN),
                             eval_examples=spec.eval.examples,
-                            length_sigma=catalog.throughput.get("declared_length_sigma"))
+                            length_sigma=(data.length_spread if data.length_spread is not None
+                                          else catalog.throughput.get("declared_length_sigma")),
+                            sigma_source=("dataset.length_spread" if data.length_spread is not None
+                                          else "catalog row declared_length_sigma"))
     else:
         raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
                             hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "

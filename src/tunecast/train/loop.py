@@ -127,6 +127,8 @@ class Session:
     device: torch.device
     rng_at_boundary: dict[str, Any] = field(default_factory=capture_rng)
     step_seconds: float = 0.0  # a running mean, for the ETA
+    trained_tokens: int = 0  # real tokens of the steps this process ran, and their seconds
+    trained_seconds: float = 0.0
     trainable: list[torch.nn.Parameter] = field(default_factory=list)
     tokenizer: Any = None  # the TokenizerCounter the data was tokenized with (saved with final/)
     # A measuring run (`tunecast calibrate`) writes no checkpoint and stops when `stop` says so; a signal then
@@ -326,6 +328,8 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
     progress = session.progress
     weight = 0.1 if session.step_seconds else 1.0
     session.step_seconds = (1 - weight) * session.step_seconds + weight * seconds
+    session.trained_tokens += tokens
+    session.trained_seconds += seconds
     elapsed = elapsed_s(session)
     cost = elapsed / SECONDS_PER_HOUR * session.usd_per_hour
     eta = (session.total_steps - progress.step) * session.step_seconds

@@ -40,19 +40,21 @@ from typing import Any
 
 import torch
 
-from tunecast.catalog.devices import DeviceRow, MeasurementRow, device_slug, this_host
+from tunecast.catalog.devices import PRODUCTS, DeviceRow, MeasurementRow, device_slug, this_host
 from tunecast.catalog.gpus import GpuIndex
 from tunecast.units import BYTES_PER_GIB
 
 MIB = 2**20
-ROUND_S = {"cpu": 0.15, "cuda": 0.02}  # the least time one timed round covers
+ROUND_S = {"cpu": 0.05, "cuda": 0.02}  # the least time one timed round covers
 ROUNDS = 3
 # A matmul shape is skipped when one call of it would take longer than this at the rate of the shape before it
 # (bf16 on a CPU without bf16 instructions): the rate has flattened out by then, and the probe stays short.
-LONGEST_CALL_S = 0.6
+LONGEST_CALL_S = 0.4
+MIN_TOKEN_COUNTS = 2  # every weight shape is timed at this many token counts at least, however slow
 # Operands of the matmul measurements, in all: more than the largest last-level caches hold.
 COLD_BYTES = {"cpu": 256 * MIB, "cuda": 1024 * MIB}
 RANDOM_ELEMENTS = 1 << 22
+FIRST_TOUCH_MIB = 256
 TRANSCENDENTAL_ELEMENTS = 1 << 24
 
 
@@ -70,7 +72,7 @@ class ProbeShapes:
 
 
 SHAPES = {
-    "cpu": ProbeShapes(tokens=(16, 64, 256, 1024, 4096), weights=((512, 512), (2048, 2048), (1024, 32768)),
+    "cpu": ProbeShapes(tokens=(16, 128, 1024), weights=((512, 512), (2048, 2048), (1024, 16384)),
                        dtypes=("fp32", "bf16"),
                        attention=(1, 8, 512, 64), copy_mib=(4, 512), optimizer_params=2**22, small_tensors=256),
     "cuda": ProbeShapes(tokens=(64, 256, 1024, 4096, 16384), weights=((1024, 1024), (8192, 8192), (4096, 131072)),
@@ -188,6 +190,8 @@ class Probe:
             self.bandwidth()
             self.transcendental()
             self.random()
+            if self.device.type == "cpu":
+                self.first_touch()
         self.attention()
         self.op_overhead()
         self.optimizer()
@@ -206,15 +210,22 @@ class Probe:
             self.progress(f"matmul {dtype}")
             for inputs, outputs in self.shapes.weights:
                 rate = 0.0
-                for tokens in self.shapes.tokens:
-                    flops = 3 * 2 * tokens * inputs * outputs
-                    if rate and flops / rate > LONGEST_CALL_S:
+                for index, tokens in enumerate(self.shapes.tokens):
+                    flops = 2 * tokens * inputs * outputs
+                    if index >= MIN_TOKEN_COUNTS and 3 * flops / rate > LONGEST_CALL_S:
                         break
-                    seconds = timed(_ColdLinear(tokens, inputs, outputs, DTYPES[dtype], self.device), self.device)
-                    rate = flops / seconds
-                    self.add("matmul", rate / 1e12, "TFLOPS", dtype=dtype, shape=f"{tokens}x{inputs}x{outputs}",
-                             notes="forward, input gradient and weight gradient of a Linear layer, its operands "
-                                   "out of cache")
+                    layer = _ColdLinear(tokens, inputs, outputs, DTYPES[dtype], self.device)
+                    shape = f"{tokens}x{inputs}x{outputs}"
+                    seconds = {product: timed(functools.partial(layer, product), self.device)
+                               for product in PRODUCTS}
+                    for product, taken in seconds.items():
+                        self.add(f"matmul_{product}", flops / taken / 1e12, "TFLOPS", dtype=dtype, shape=shape,
+                                 notes=f"the {product.replace('_', ' ')} product of a Linear layer, its operands "
+                                       "out of cache")
+                    rate = 3 * flops / sum(seconds.values())
+                    self.add("matmul", rate / 1e12, "TFLOPS", dtype=dtype, shape=shape,
+                             notes="forward, input gradient and weight gradient of a Linear layer together, its "
+                                   "operands out of cache")
 
     def transcendental(self) -> None:
         """GELU, log-softmax and SiLU over a tensor larger than the caches: bytes written per second."""
@@ -239,6 +250,21 @@ class Probe:
         seconds = timed(functools.partial(mask.bernoulli_, 0.9), self.device)
         self.add("random", seconds / RANDOM_ELEMENTS * 1e9, "ns per element", dtype="fp32",
                  notes="a dropout mask: bernoulli_ over 4M values")
+
+    def first_touch(self) -> None:
+        """A CPU: the cost of writing memory freshly allocated (every page faulted in and zeroed by the kernel)
+        beyond writing memory already in use — large tensors are mapped afresh by every allocation."""
+        self.progress("fresh memory")
+        size = FIRST_TOUCH_MIB * MIB
+        reused = torch.empty(size, dtype=torch.uint8)
+
+        def fresh() -> None:
+            torch.empty(size, dtype=torch.uint8).fill_(1)
+
+        extra = timed(fresh, self.device) - timed(functools.partial(reused.fill_, 1), self.device)
+        if extra > 0:
+            self.add("first_touch", size / extra / 1e9, "GB/s",
+                     notes=f"fresh {FIRST_TOUCH_MIB} MiB written, less the same write to memory in use")
 
     def bandwidth(self) -> None:
         self.progress("memory bandwidth")
@@ -331,7 +357,7 @@ class Probe:
 
 
 class _ColdLinear:
-    """A Linear layer's three products, cycling through enough distinct operands that each call reads them
+    """One of a Linear layer's three products, cycling through enough distinct operands that each call reads them
     from memory, not from a cache warmed by the call before (in training every layer has its own weight and
     activations)."""
 
@@ -344,12 +370,15 @@ class _ColdLinear:
                       torch.randn(outputs, inputs, device=device, dtype=dtype)) for _ in range(copies)]
         self.next = 0
 
-    def __call__(self) -> None:
+    def __call__(self, product: str) -> None:
         x, grad, weight = self.sets[self.next]
         self.next = (self.next + 1) % len(self.sets)
-        torch.mm(x, weight.t())
-        torch.mm(grad, weight)
-        torch.mm(grad.t(), x)
+        if product == "forward":
+            torch.mm(x, weight.t())
+        elif product == "input_grad":
+            torch.mm(grad, weight)
+        else:
+            torch.mm(grad.t(), x)
 
 
 def _layer_step(layer: Any, x: torch.Tensor) -> None:

@@ -68,13 +68,15 @@ class TrainResult:
     final: str | None = None
     elapsed_s: float = 0.0
     cost_usd: float = 0.0
+    tokens_per_second: float = 0.0  # real tokens over the seconds of the steps this process ran
     warnings: list[Problem] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {"output": self.output, "finished": self.finished, "already_complete": self.already_complete,
                 "steps": self.steps, "total_steps": self.total_steps, "preempted_by": self.signal,
                 "resumed_from_step": self.resumed_from, "final": self.final, "elapsed_s": round(self.elapsed_s, 3),
-                "cost_usd": round(self.cost_usd, 4), "warnings": [w.as_dict() for w in self.warnings]}
+                "cost_usd": round(self.cost_usd, 4), "tokens_per_second": round(self.tokens_per_second, 2),
+                "warnings": [w.as_dict() for w in self.warnings]}
 
 
 def output_url(spec: RunSpec) -> str:
@@ -166,6 +168,8 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
         result.total_steps = session.total_steps
         result.elapsed_s = outcome.progress.elapsed_s
         result.cost_usd = outcome.progress.cost_usd
+        if session.trained_seconds:
+            result.tokens_per_second = session.trained_tokens / session.trained_seconds
         if not outcome.finished:
             result.signal = outcome.signal
             session.metrics.close()

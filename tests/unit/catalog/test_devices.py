@@ -65,6 +65,25 @@ def test_matmul_rate_interpolates_between_probed_shapes() -> None:
     assert figures.matmul_tflops("bf16", 64, 512, 512) is None  # not measured in that dtype
 
 
+def test_a_wide_shape_probed_at_few_token_counts_grows_as_its_neighbour_does() -> None:
+    head = [row("cpu-test", "matmul", 0.005, dtype="fp32", shape="16x1024x32768"),
+            row("cpu-test", "matmul", 0.02, dtype="fp32", shape="64x1024x32768")]
+    figures = DeviceFigures(device(), tuple(cpu_rows() + head))
+    assert figures.matmul_tflops("fp32", 64, 1024, 32768) == pytest.approx(0.02)
+    # beyond 64 tokens the 2048² line (the nearest width probed further) grows 4× up to 1024 tokens
+    assert figures.matmul_tflops("fp32", 1024, 1024, 32768) == pytest.approx(0.02 * 0.08 / 0.02)
+
+
+def test_each_product_has_its_own_rate_where_probed() -> None:
+    products = [row("cpu-test", "matmul_forward", 0.06, dtype="fp32", shape="1024x512x512"),
+                row("cpu-test", "matmul_weight_grad", 0.02, dtype="fp32", shape="1024x512x512")]
+    figures = DeviceFigures(device(), tuple(cpu_rows() + products))
+    assert figures.matmul_tflops("fp32", 1024, 512, 512, "forward") == pytest.approx(0.06)
+    assert figures.matmul_tflops("fp32", 1024, 512, 512, "weight_grad") == pytest.approx(0.02)
+    # a product the probe did not time: the three together
+    assert figures.matmul_tflops("fp32", 1024, 512, 512, "input_grad") == pytest.approx(0.04)
+
+
 def test_probes_round_trip_through_the_user_catalog(tmp_path: Path) -> None:
     merge_device(tmp_path, device(), cpu_rows())
     merge_device(tmp_path, device(memory_gib=32.0), cpu_rows()[:3])  # probed again: replaces the first

@@ -114,6 +114,7 @@ def test_gpu_alias_is_resolved_to_its_slug(catalog) -> None:
     ({"dataset": {"mean_tokens": 100}}, "dataset.examples", "is needed"),
     ({"dataset": {"examples": 10, "mean_tokens": 100, "mean_trained_tokens": 200}}, "dataset.mean_trained_tokens",
      "exceeds"),
+    ({"dataset": {"path": "train.jsonl", "length_spread": 0}}, "dataset.length_spread", "declared size"),
     ({"gpus": {"gpu": "l4"}, "precision": "fp8"}, None, None),
     ({"gpus": {"gpu": "a100-80gb"}, "precision": "fp8"}, "precision", "FP8 tensor cores"),
     ({"pricing": {"providers": ["lamda"]}}, "pricing.providers[0]", "Did you mean 'lambda'"),

@@ -12,7 +12,7 @@ from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import get_profiles
 from tunecast.estimate.settings import TraceSettings
-from tunecast.plan.throughput import DEQUANTIZE_BYTES_PER_WEIGHT, forward_seconds, matmul_seconds, step_time
+from tunecast.plan.throughput import forward_seconds, matmul_seconds, step_time
 
 # Wide enough that long sequences are compute-bound, small enough to trace in seconds.
 CONFIG = shallow_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
@@ -82,7 +82,7 @@ def test_faster_cards_and_fp8(catalog) -> None:
 
 def test_small_micro_batches_are_bound_by_dispatch(catalog) -> None:
     small, _, pair = step(catalog, batch=1, seq=32, method="lora", config=DEEP)
-    large, _, _ = step(catalog, batch=4, seq=1024, method="lora")
+    large, _, _ = step(catalog, batch=4, seq=1024, method="lora", config=WIDE)
     assert small.dispatch_s > 0 and large.dispatch_s == 0
     # kernels counted in the traced shallow models, extrapolated in depth like every other term
     shallow, deeper = (p.flops_at(1, 32)["kernels"] for p in (pair.shallow, pair.deeper))
@@ -100,7 +100,8 @@ def test_qlora_dequantizes_every_pass(catalog) -> None:
     gpu = catalog.gpus.get("h100-sxm")
     bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * catalog.throughput.get("memory_efficiency")
     quantized = pair.deeper.facts.quantizable_numel * pair.layers / pair.deeper.layers
-    assert plain.dequantize_s == pytest.approx(2 * quantized * DEQUANTIZE_BYTES_PER_WEIGHT / bandwidth, rel=0.01)
+    per_weight = catalog.throughput.get("bnb_dequantize_bytes_per_weight")
+    assert plain.dequantize_s == pytest.approx(2 * quantized * per_weight / bandwidth, rel=0.01)
     assert checkpointed.dequantize_s == pytest.approx(1.5 * plain.dequantize_s)
 
 
@@ -125,6 +126,6 @@ def test_offload_moves_the_optimizer_over_pcie(catalog) -> None:
 
 
 def test_evaluation_is_a_fraction_of_a_training_step(catalog) -> None:
-    training, spec, pair = step(catalog, method="full")
+    training, spec, pair = step(catalog, method="full", config=WIDE)  # wide enough that the GPU's work sets the pace
     forward = forward_seconds(spec, pair, catalog.gpus.get("h100-sxm"), catalog.throughput, micro_batch=4, seq=1024)
     assert 0.25 * training.compute_s < forward < 0.5 * training.compute_s

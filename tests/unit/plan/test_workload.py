@@ -41,3 +41,21 @@ def test_assumed_lengths_keep_the_declared_mean() -> None:
 def test_measured_lengths_are_padded_to_the_longest_of_each_micro_batch() -> None:
     workload = Workload(4, 10, 10, 1, 64, False, True, "file", 0, array("i", [1, 2, 3, 4]), seed=0)
     assert workload.tokens_per_sequence(4) == 4 and workload.tokens_per_sequence(1) == 2.5
+
+
+def test_a_declared_spread_replaces_the_assumed_one(tmp_path) -> None:
+    from tunecast.config.load import load_spec
+    from tunecast.plan.workload import workload_for
+
+    catalog = load_catalog(None)
+    run = tmp_path / "run.yaml"
+    for spread, padded in ((None, True), (0, False), (0.2, True)):
+        extra = "" if spread is None else f"  length_spread: {spread}\n"
+        run.write_text("model: openai-community/gpt2\nseq_len: 1024\nmicro_batch: 8\n"
+                       f"dataset:\n  examples: 1000\n  mean_tokens: 300\n{extra}")
+        workload = workload_for(load_spec(run, [], catalog), catalog)
+        assert (workload.tokens_per_sequence(8) > 300 * 1.05) is padded
+        said = workload.as_dict()["padding_assumption"]
+        assert ("dataset.length_spread" in said) is (spread is not None)
+    assert declared(300, 1024).tokens_per_sequence(8) > Workload(
+        8000, 8000 * 300, 8000 * 300, 1, 1024, False, False, "declared", 0, length_sigma=0.2).tokens_per_sequence(8)
