@@ -43,8 +43,8 @@ def one_round(scratch: Path, env: dict[str, str]) -> tuple[float, float]:
     calibration = scratch / "calibration.json"
     output = scratch / "run"
     wait_for_quiet()
-    subprocess.run([str(TUNECAST), "calibrate", str(CONFIG), "--steps", str(STEPS), "-o", str(calibration),
-                    "--output", str(output)], env=env, check=True, capture_output=True, text=True, timeout=900)
+    subprocess.run([str(TUNECAST), "calibrate", str(CONFIG), "--steps", str(STEPS), "-o", str(calibration)],
+                   env=env, check=True, capture_output=True, text=True, timeout=900)
     calibrated = json.loads(calibration.read_text())["measured"]["tokens_per_second"]
     wait_for_quiet()
     trained = subprocess.run([str(TUNECAST), "train", str(CONFIG), "--output", str(output), "--fresh", "--json"],

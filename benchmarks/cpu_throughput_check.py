@@ -226,8 +226,10 @@ def main() -> int:
     text = table(results, device)
     print(text)
     if args.write:
-        write_section(DOC, MARK, "Reproduce with `.venv/bin/python benchmarks/cpu_throughput_check.py --write`.\n\n"
-                      + text)
+        how = ("Reproduce with `.venv/bin/python benchmarks/cpu_throughput_check.py --write`."
+               + (" This table's runs were trained earlier the same day and predicted again with the final model and "
+                  "a fresh probe (`--keep DIR --reuse`)." if args.reuse else ""))
+        write_section(DOC, MARK, how + "\n\n" + text)
     return 0
 
 

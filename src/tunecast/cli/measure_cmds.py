@@ -104,13 +104,17 @@ def calibrate_command(
         from tunecast.train.run import output_url
 
         request = CalibrationRequest(steps=steps, minutes=minutes, allow_download=spec_args.allow_download)
-        with err.status("Probing the device…") as status:
-            def progress(what: str) -> None:
-                status.update(f"Probing the device: {what}")
+        status = err.status("Probing the device…")
 
+        def progress(what: str) -> None:
+            status.update(f"Probing the device: {what}")
+
+        try:
             document = run_calibration(loaded, state(ctx).catalog(), request, flag, reporter,
                                        user_dir=user_catalog_dir(state(ctx).catalog_dir), progress=progress,
-                                       on_probed=status.stop)
+                                       before_probe=status.start, on_probed=status.stop)
+        finally:
+            status.stop()
     except Preempted as stop:
         reporter.close()
         err.print(f"[yellow]interrupted ({stop.signal_name}): nothing written.[/]")
