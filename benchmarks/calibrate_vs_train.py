@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from cpu_throughput_check import wait_for_quiet
 from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,12 +30,6 @@ CONFIG = REPO / "examples" / "tiny-lora.yaml"
 DOC = REPO / "docs" / "validation" / "throughput.md"
 MARK = "calibrate-vs-train"
 STEPS = 20
-
-
-def wait_for_quiet(limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and os.getloadavg()[0] > 0.3:
-        time.sleep(1.0)
 
 
 def one_round(scratch: Path, env: dict[str, str]) -> tuple[float, float]:
