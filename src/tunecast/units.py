@@ -26,9 +26,12 @@ def format_params(count: int) -> str:
 
 
 def format_usd(amount: float) -> str:
-    """Dollars with cents, and with more precision below one dollar: 0.435 → '$0.435'."""
-    if abs(amount) < 1:
-        return f"${amount:.3f}".rstrip("0").rstrip(".") if amount else "$0"
+    """Dollars with cents, and a tenth of a cent more below one dollar where it has one: 0.435 → '$0.435',
+    0.7 → '$0.70'."""
+    if not amount:
+        return "$0"
+    if abs(amount) < 1 and round(amount, 3) != round(amount, 2):
+        return f"${amount:.3f}"
     return f"${amount:,.2f}"
 
 

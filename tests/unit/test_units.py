@@ -8,3 +8,4 @@ def test_gib_is_binary_and_gb_decimal() -> None:
 def test_formatting() -> None:
     assert format_params(8_030_261_248) == "8.03 B" and format_params(596_049_920) == "596 M"
     assert (format_usd(0.435), format_usd(0.78), format_usd(1599)) == ("$0.435", "$0.78", "$1,599.00")
+    assert (format_usd(0.7), format_usd(0.0017), format_usd(0)) == ("$0.70", "$0.002", "$0")  # $/h column: $0.70
