@@ -17,7 +17,7 @@ The quantities (the probe's docstring says how each is measured):
 * `op_overhead` (µs per operation) of an eager training step whose kernels are too small to matter, shape
   `full` or `lora` (transformers, and transformers + peft with its adapter hooks and casts);
 * `optimizer` (ns per parameter) of one AdamW step over large tensors, shape `fused` or `foreach`, and
-  `optimizer_tensor` (µs per tensor) over many small ones;
+  `optimizer_tensor` (µs per tensor, same shapes) over many small ones;
 * `bnb_4bit_call` (µs per call) and `bnb_4bit_dequantize` (ns per weight) of a bitsandbytes 4-bit linear
   layer on a handful of tokens, where bitsandbytes is installed.
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import TORCH_ADAMW, RunSpec
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 FP32 = 4
@@ -123,13 +123,13 @@ def analytic_peak_bytes(config: dict[str, Any], spec: RunSpec, batch: int, seq: 
         trainable = total_params
         trainable_bytes = trainable * p
         frozen_bytes = 0.0
-        state_bytes = 2 * trainable * p if spec.optimizer == "adamw" else 0.0
+        state_bytes = 2 * trainable * p if spec.optimizer in TORCH_ADAMW else 0.0
     else:
         shapes = s.linear_shapes()
         trainable = s.layers * sum(spec.lora.rank * (shapes[n][0] + shapes[n][1]) for n in _targets(spec, s))
         trainable_bytes = trainable * FP32  # peft keeps adapters in fp32
         frozen_bytes = total_params * p
-        state_bytes = 2 * trainable * FP32 if spec.optimizer == "adamw" else 0.0
+        state_bytes = 2 * trainable * FP32 if spec.optimizer in TORCH_ADAMW else 0.0
     activations = s.layers * tokens * activation_bytes_per_token_layer(config, spec)
     temporaries = tokens * s.vocab * 3 * FP32
     return {"weights": frozen_bytes, "trainable_weights": trainable_bytes, "gradients": 0.0,

@@ -13,7 +13,7 @@ from typing import Any
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 
 MAX_MICRO_BATCH = 4096
@@ -116,7 +116,7 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
         candidates.append(("use QLoRA (4-bit NF4 base weights)", {"method": "qlora"}))
     if spec.method == "full":
         candidates.append(("train LoRA adapters instead of every weight", {"method": "lora"}))
-    if spec.optimizer == "adamw":
+    if spec.optimizer in TORCH_ADAMW:
         candidates.append(("use the 8-bit AdamW optimizer", {"optimizer": "adamw-8bit"}))
         candidates.append(("use the paged 8-bit AdamW optimizer", {"optimizer": "paged-adamw-8bit"}))
     if not spec.optimizer_in_backward:
@@ -165,7 +165,7 @@ def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> li
     steps: list[tuple[str, dict[str, Any]]] = [
         ("gradient checkpointing", {"grad_checkpointing": True}),
         ("chunked loss", {"loss": "chunked"}),
-        ("8-bit AdamW", {"optimizer": "adamw-8bit"} if spec.optimizer == "adamw" else {}),
+        ("8-bit AdamW", {"optimizer": "adamw-8bit"} if spec.optimizer in TORCH_ADAMW else {}),
         ("QLoRA", {"method": "qlora"} if spec.method == "lora" else {}),
         ("micro-batch 1", {"micro_batch": 1, "grad_accum": spec.micro_batch_size * spec.grad_accum}),
         ("activation offload", {"activation_offload": True}),

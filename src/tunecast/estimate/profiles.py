@@ -22,7 +22,7 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.paths import cache_dir
 
-PROFILE_FORMAT = 16  # bump when what a profile holds changes
+PROFILE_FORMAT = 17  # bump when what a profile holds changes
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,16 @@ class AdapterSettings:
     fp32_adapters: bool = True
 
 
+# Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
+TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
+
+
 @dataclass(frozen=True)
 class TraceSettings:
     method: str
     adapters: AdapterSettings
     precision: str
-    optimizer: str  # the optimizer traced: adamw, sgd or adafactor (8-bit and paged are modelled on adamw)
+    optimizer: str  # the optimizer traced: one of TRACED_OPTIMIZERS (8-bit and paged are modelled on adamw)
     optimizer_in_backward: bool
     grad_checkpointing: bool
     attention: str  # sdpa or eager (flash is traced as sdpa: both keep no seq × seq matrix)
@@ -43,7 +47,7 @@ class TraceSettings:
         lora = spec.lora
         targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
         checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
-        traced_optimizer = spec.optimizer if spec.optimizer in ("sgd", "adafactor") else "adamw"
+        traced_optimizer = spec.optimizer if spec.optimizer in TRACED_OPTIMIZERS else "adamw"
         return cls(
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,

@@ -89,7 +89,10 @@ class _Recorder:
         self.step = 0
         self.closed = False
         self.counting = False  # True while the measured step's forward and backward run
+        self.counting_optimizer = False  # True while the measured step's optimizer steps
         self.elementwise_bytes = 0  # bytes written to new tensors by operations other than matmuls
+        self.moved_bytes = 0  # bytes read and written by operations other than matmuls (forward, backward)
+        self.optimizer_bytes = 0  # bytes read and written by the optimizer step
         self.random_elements = 0  # random numbers drawn (dropout's masks): costly per element on a CPU
         self.transcendental_bytes = 0  # of elementwise_bytes, those written by exp/log/erf-like operations
         self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
@@ -141,21 +144,65 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     written += recorder.track(leaf)
+            if recorder.counting_optimizer and _launches_kernel(func):
+                recorder.optimizer_bytes += moved_bytes(func, args, kwargs or {}, out)
             if recorder.counting:
                 name = func.overloadpacket.__name__
                 if name not in _COMPUTE_OPS:
                     recorder.elementwise_bytes += written
+                    if _launches_kernel(func):
+                        recorder.moved_bytes += moved_bytes(func, args, kwargs or {}, out)
                 if name.startswith(_TRANSCENDENTAL_OPS):
                     recorder.transcendental_bytes += written
                 if name.startswith(_RANDOM_OPS):
                     recorder.random_elements += sum(leaf.numel() for leaf in tree_leaves(out)
                                                     if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
-                # prim:: operations (a tensor's device, its layout) are queries answered without a kernel
-                if not func.is_view and func.namespace != "prim" and name not in _NO_KERNEL_OPS:
+                if _launches_kernel(func):
                     recorder.kernels += 1
             return out
 
     return Recording()
+
+
+def _launches_kernel(func: Any) -> bool:
+    """Views relabel memory, bare allocations only reserve it, and prim:: operations (a tensor's device, its
+    layout) are queries answered without a kernel."""
+    return not func.is_view and func.namespace != "prim" and func.overloadpacket.__name__ not in _NO_KERNEL_OPS
+
+
+def _tensor_bytes(tensor: Any) -> int:
+    """Bytes a kernel touches reading `tensor`: its elements, or its storage when that is smaller (a broadcast
+    operand expanded with stride 0 is read once)."""
+    return int(min(tensor.numel() * tensor.element_size(), tensor.untyped_storage().nbytes()))
+
+
+def moved_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> int:
+    """Bytes an eager kernel reads and writes: every tensor operand it reads, every tensor it mutates in place
+    (the operator schema says which), and every new tensor it returns. Lookups (embedding, gather, the loss's
+    pick of each target's log-probability) read only as much of their table as they write; an operand used
+    only for its shape (`zeros_like`, the target of `copy_` or `fill_`) is not read."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    name = func.overloadpacket.__name__
+    schema = func._schema
+    written = read = 0
+    shape_only = _SHAPE_ONLY_ARGUMENT.get(name)
+    out_bytes = sum(_tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    for index, argument in enumerate(schema.arguments):
+        value = args[index] if index < len(args) else kwargs.get(argument.name)
+        tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+        size = sum(_tensor_bytes(t) for t in tensors)
+        mutated = argument.alias_info is not None and argument.alias_info.is_write
+        if mutated:
+            written += size
+        if index == shape_only:
+            continue
+        read += min(size, out_bytes) if name in _LOOKUP_OPS else size
+    for value, returned in zip(out if isinstance(out, tuple) else (out,), schema.returns, strict=False):
+        if returned.alias_info is None:  # a new tensor, not an operand returned again
+            written += sum(_tensor_bytes(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+    return written + read
 
 
 def _fakeify(model: Any, mode: Any) -> None:
@@ -248,6 +295,13 @@ _TRANSCENDENTAL_OPS = ("exp", "log", "_log_softmax", "_softmax", "softmax", "gel
                        "erf", "rsqrt", "pow", "_safe_softmax")
 # Operations that draw random numbers (dropout's masks).
 _RANDOM_OPS = ("bernoulli", "native_dropout", "rand", "uniform", "normal")
+# Operations that read only the rows of a table they write (each operand's read capped at the output's size).
+_LOOKUP_OPS = {"embedding", "index_select", "gather", "index", "take", "nll_loss_forward", "nll_loss2d_forward"}
+# Operations with an operand (by position) that gives only a shape, or is overwritten without being read.
+_SHAPE_ONLY_ARGUMENT = {"zeros_like": 0, "ones_like": 0, "full_like": 0, "rand_like": 0, "randn_like": 0,
+                        "new_zeros": 0, "new_ones": 0, "new_full": 0, "new_empty": 0, "copy_": 0, "fill_": 0,
+                        "zero_": 0, "normal_": 0, "uniform_": 0, "bernoulli_": 0, "random_": 0,
+                        "nll_loss_backward": 1, "nll_loss2d_backward": 1}
 _ATTENTION_OPS = ("_scaled_dot_product_flash_attention_for_cpu",
                   "_scaled_dot_product_flash_attention_for_cpu_backward")
 
@@ -398,6 +452,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                                      chunked_loss=settings.loss == "chunked", on_backward=to_backward)
                     recorder.counting = False
                     recorder.phase = "optimizer"
+                    recorder.counting_optimizer = step == STEPS
                     if optimizer is not None:
                         optimizer.step()
                         for state in optimizer.state.values():
@@ -405,6 +460,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                                 if isinstance(value, torch.Tensor):
                                     recorder.reclassify(value, "optimizer")
                         optimizer.zero_grad(set_to_none=True)
+                    recorder.counting_optimizer = False
                     recorder.phase = "setup"
                 events = recorder.close()
             # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps tensors alive, which would
@@ -420,6 +476,8 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
             hook.remove()
     flops = _split_flops(counter) if count_flops else {}
     return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes),
+                                 "moved_bytes": float(recorder.moved_bytes),
+                                 "optimizer_bytes": float(recorder.optimizer_bytes),
                                  "random_elements": float(recorder.random_elements),
                                  "transcendental_bytes": float(recorder.transcendental_bytes),
                                  "kernels": float(recorder.kernels)})

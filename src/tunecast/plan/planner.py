@@ -19,7 +19,7 @@ from tunecast.catalog.devices import from_probe, is_cpu
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.estimate.settings import TraceSettings
@@ -227,6 +227,10 @@ class Planner:
         settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
         pair = get_profiles(self.loaded.model.data, settings, micro_batch, spec.seq_len)
         sequence = max(1, round(self.workload.tokens_per_sequence(micro_batch)))
+        if not pair.covers(micro_batch, sequence):
+            # traced at the longest sequence alone (its operations differed between shapes): the work of a step
+            # is wanted at the length the micro-batches really have
+            pair = get_profiles(self.loaded.model.data, settings, micro_batch, sequence, exact=True)
         offloaded = memory.host_ram_gib * BYTES_PER_GIB if spec.activation_offload else 0.0
         step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
                          grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
@@ -335,7 +339,7 @@ def _applicable(name: str, spec: RunSpec, count: int) -> bool:
     if name == "fsdp":
         return count > 1 and spec.gpus.strategy == "ddp"
     if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
-        return spec.optimizer == "adamw"
+        return spec.optimizer in TORCH_ADAMW
     if name == "lora":
         return spec.method == "full"
     if name == "qlora":

@@ -9,14 +9,17 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   and its bytes (inputs, weight, output) at the memory bandwidth. Small micro-batches and short sequences
   thus fall to memory speed by themselves; LoRA's frozen weights skip the weight-gradient matmul;
 * attention: its FLOPs at the attention kernels' efficiency;
-* everything else (norms, activations, rotary, softmax, casts, the loss): memory-bound, each byte written
-  once and read once, at the bandwidth;
+* everything else (norms, activations, rotary, softmax, casts, the loss): memory-bound, at the bandwidth, for
+  the bytes the traced eager kernels read and write (every operand read, every new or in-place-updated
+  tensor written: a binary op moves three tensors, an in-place gradient accumulation as much);
 * QLoRA: each pass over a quantized weight dequantizes it (bitsandbytes' measured cost per weight) — forward, backward,
   and again when checkpointing recomputes;
 * dispatch: every eager operation costs the CPU a few microseconds to dispatch and launch (the traced step
   counts the operations); the GPU works through its queue asynchronously, so this shows only where it
   exceeds the GPU's work — micro-batches of a few hundred tokens;
-* the optimizer step: a fused pass over parameters, gradients and states at the bandwidth; CPU offload moves
+* the optimizer step: the bytes the traced optimizer step reads and writes (torch's fused AdamW reads
+  parameter, gradient and both states and writes three of them; the multi-tensor `foreach` AdamW makes about
+  twenty passes), at the bandwidth; bitsandbytes' 8-bit and paged ones from their state sizes; CPU offload moves
   gradients and parameters over PCIe instead; stepped in the backward pass (`optimizer_in_backward`), the same
   bytes, its per-parameter kernels counted among the traced step's dispatches;
 * activation offload: saved activations to CPU RAM and back over PCIe, overlapped with compute;
@@ -39,6 +42,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import ProfilePair
+from tunecast.estimate.settings import TRACED_OPTIMIZERS
 
 
 @dataclass(frozen=True)
@@ -168,9 +172,9 @@ class _Rates:
         return pair.layers * layer_s + head_s, pair.layers * layer_flops + head_flops
 
     def elementwise_seconds(self, work: dict[str, float]) -> float:
-        """Memory-bound operations: each byte written once and read once at the bandwidth; where the probe
+        """Memory-bound operations: the bytes their kernels read and write, at the bandwidth; where the probe
         measured them, exp/log/erf-like operations at their own (arithmetic-bound) rate, if slower."""
-        plain = 2 * work["elementwise_bytes"] / self.bandwidth
+        plain = work["moved_bytes"] / self.bandwidth
         if not self.transcendental:
             return plain
         special = work.get("transcendental_bytes", 0.0)
@@ -199,8 +203,8 @@ MMAP_THRESHOLD = 32 * 2**20
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
     return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
-            for kind in ("matmul", "attention", "elementwise_bytes", "kernels", "random_elements",
-                         "transcendental_bytes")}
+            for kind in ("matmul", "attention", "elementwise_bytes", "moved_bytes", "optimizer_bytes", "kernels",
+                         "random_elements", "transcendental_bytes")}
 
 
 def _first_touch_seconds(pair: ProfilePair, rates: _Rates, micro_batch: int, seq: int) -> float:
@@ -270,16 +274,7 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     # trainable weights (and their states) are fp32 under mixed precision and for peft's default fp32 adapters
     fp32_trainable = spec.method != "full" and spec.lora.fp32_adapters
     param_bytes = 4 if fp32_trainable else pair.deeper.facts.param_dtype_bytes
-    state_bytes = 4 if fp32_trainable or spec.precision in ("bf16-mixed", "fp16-mixed", "fp32") else param_bytes
-    per_value = {"adamw": 2, "adamw-8bit": 0.5, "paged-adamw": 2, "paged-adamw-8bit": 0.5, "sgd": 0,
-                 "adafactor": 0.1}[spec.optimizer]
-    # fused step: read parameter, gradient and states, write parameter and states
-    optimizer_bytes = trainable * (2 * param_bytes + param_bytes + 2 * per_value * state_bytes)
-    optimizer_s = optimizer_bytes / bandwidth
-    tensors = _depth(pair, lambda p: p.facts.trainable_tensors)
-    measured = _measured_adamw_seconds(rates, trainable, tensors) if spec.optimizer == "adamw" else None
-    if measured is not None:
-        optimizer_s = measured
+    optimizer_s = _optimizer_seconds(spec, pair, rates, work, trainable, param_bytes)
     # gradient clipping reads every gradient for the norm, then scales it in place (read and write); each
     # accumulated micro-batch after the first adds its gradients to the stored ones (read, read, write)
     optimizer_s += 3 * trainable * param_bytes * (1 + (grad_accum - 1)) / bandwidth
@@ -310,14 +305,34 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
                     tokens * grad_accum)
 
 
-def _measured_adamw_seconds(rates: _Rates, trainable: float, tensors: float) -> float | None:
-    """The runner's fused AdamW where the probe timed it: per parameter over large tensors, plus a fixed cost
-    per tensor (what dominates LoRA's many small adapters)."""
+def _optimizer_seconds(spec: RunSpec, pair: ProfilePair, rates: _Rates, work: dict[str, float], trainable: float,
+                       param_bytes: int) -> float:
+    """The optimizer step: torch's AdamW as the probe timed it where it did; a traced optimizer's bytes read and
+    written at the bandwidth; bitsandbytes' from the sizes of their states (parameter, gradient and states read,
+    parameter and states written). Stepped in the backward pass, a traced optimizer's work is already part of
+    the backward pass's bytes."""
+    tensors = _depth(pair, lambda p: p.facts.trainable_tensors)
+    measured = _measured_adamw_seconds(rates, spec.optimizer, trainable, tensors)
+    if measured is not None:
+        return measured
+    if spec.optimizer in TRACED_OPTIMIZERS:
+        return 0.0 if spec.optimizer_in_backward else work["optimizer_bytes"] / rates.bandwidth
+    fp32_states = (spec.method != "full" and spec.lora.fp32_adapters) or spec.precision in (
+        "bf16-mixed", "fp16-mixed", "fp32")
+    state_bytes = 4 if fp32_states else param_bytes
+    per_value = {"adamw-8bit": 0.5, "paged-adamw": 2, "paged-adamw-8bit": 0.5}[spec.optimizer]
+    return trainable * (3 * param_bytes + 2 * per_value * state_bytes) / rates.bandwidth
+
+
+def _measured_adamw_seconds(rates: _Rates, optimizer: str, trainable: float, tensors: float) -> float | None:
+    """torch's AdamW where the probe timed it (`fused` for `adamw`, `foreach` for `adamw-foreach`): per parameter
+    over large tensors, plus a fixed cost per tensor (what dominates LoRA's many small adapters)."""
     figures = rates.figures
-    if figures is None:
+    variant = {"adamw": "fused", "adamw-foreach": "foreach"}.get(optimizer)
+    if figures is None or variant is None:
         return None
-    per_param = figures.value("optimizer", "fused")
-    per_tensor = figures.value("optimizer_tensor", "fused")
+    per_param = figures.value("optimizer", variant)
+    per_tensor = figures.value("optimizer_tensor", variant)
     if per_param is None or per_tensor is None:
         return None
     return trainable * per_param * 1e-9 + tensors * per_tensor * 1e-6

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
-from tunecast.config.spec import DEFAULT_MICRO_BATCH, RunSpec
+from tunecast.config.spec import DEFAULT_MICRO_BATCH, TORCH_ADAMW, RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 
@@ -112,7 +112,7 @@ def _suggestions(spec: RunSpec, auto_batch: bool) -> str:
         options.append("method: lora")
     elif spec.method == "lora":
         options.append("method: qlora")
-    if spec.optimizer == "adamw":
+    if spec.optimizer in TORCH_ADAMW:
         options.append("optimizer: adamw-8bit")
     options.append("a shorter seq_len")
     return "try " + ", ".join(options) + "; `tunecast memory` with --gpu shows what each change gives"

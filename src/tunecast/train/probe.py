@@ -326,10 +326,11 @@ class Probe:
         small = [torch.nn.Parameter(torch.zeros(8, 64, device=self.device)) for _ in range(self.shapes.small_tensors)]
         for parameter in small:
             parameter.grad = torch.full_like(parameter, 1e-3)
-        optimizer = torch.optim.AdamW(small, lr=1e-4, fused=True)
-        seconds = timed(optimizer.step, self.device)
-        self.add("optimizer_tensor", seconds / len(small) * 1e6, "us per tensor", dtype="fp32", shape="fused",
-                 notes=f"fused AdamW over {len(small)} tensors of 512 values")
+        for variant in ("fused", "foreach"):
+            optimizer = torch.optim.AdamW(small, lr=1e-4, **{variant: True})
+            seconds = timed(optimizer.step, self.device)
+            self.add("optimizer_tensor", seconds / len(small) * 1e6, "us per tensor", dtype="fp32", shape=variant,
+                     notes=f"{variant} AdamW over {len(small)} tensors of 512 values")
 
     def bnb_call(self) -> None:
         try:

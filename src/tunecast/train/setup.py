@@ -81,8 +81,9 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4,
                    weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """The optimizer `name` (RunSpec.optimizer). AdamW is torch's fused kernel (transformers' default
-    `adamw_torch_fused`); the 8-bit and paged variants are bitsandbytes'."""
+    """The optimizer `name` (RunSpec.optimizer). `adamw` is torch's fused kernel (transformers' default
+    `adamw_torch_fused`), `adamw-foreach` torch's multi-tensor one; the 8-bit and paged variants are
+    bitsandbytes'."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     if name == "adafactor":
@@ -96,6 +97,8 @@ def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4
         kind = {"adamw-8bit": bnb.optim.AdamW8bit, "paged-adamw": bnb.optim.PagedAdamW,
                 "paged-adamw-8bit": bnb.optim.PagedAdamW8bit}[name]
         return kind(params, lr=lr, weight_decay=weight_decay)
+    if name == "adamw-foreach":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=True)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
 
 

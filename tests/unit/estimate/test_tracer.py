@@ -101,3 +101,53 @@ def test_dora_and_modules_to_save_add_what_peft_adds() -> None:
     _, saved_facts = peaks(config, method="lora", lora={"modules_to_save": ["lm_head"]})
     assert dora_facts.trainable_numel > plain_facts.trainable_numel  # a magnitude vector per adapted layer
     assert saved_facts.trainable_numel - plain_facts.trainable_numel == 512 * 64  # a trainable copy of lm_head
+
+
+def _moved(operation: Any) -> list[tuple[str, int]]:
+    """(operator, bytes moved) of each kernel `operation` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tunecast.estimate.tracer import _launches_kernel, moved_bytes
+
+    seen: list[tuple[str, int]] = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            out = func(*args, **(kwargs or {}))
+            if _launches_kernel(func):
+                seen.append((func.overloadpacket.__name__, moved_bytes(func, args, kwargs or {}, out)))
+            return out
+
+    with Counting():
+        operation()
+    return seen
+
+
+def test_moved_bytes_count_every_operand_read_and_every_tensor_written() -> None:
+    import torch
+
+    a, b = torch.ones(1000), torch.ones(1000)  # 4,000 bytes each
+    assert _moved(lambda: a + b) == [("add", 12_000)]  # two read, one written
+    assert _moved(lambda: a.add_(b)) == [("add_", 12_000)]  # in place: read both, write a
+    assert _moved(lambda: torch.zeros_like(a)) == [("zeros_like", 4_000)]  # a gives only the shape
+    assert _moved(lambda: a.copy_(b)) == [("copy_", 8_000)]  # the target is overwritten, not read
+    row, full = torch.ones(1, 10), torch.ones(100, 10)
+    assert _moved(lambda: row.expand(100, 10) + full) == [("add", 40 + 4_000 + 4_000)]  # broadcast: read once
+    table, ids = torch.ones(50_000, 8), torch.zeros(16, dtype=torch.long)
+    moved = dict(_moved(lambda: torch.nn.functional.embedding(ids, table)))
+    assert moved["embedding"] == 16 * 8 * 4 + 16 * 8 + 16 * 8 * 4  # rows looked up, indices, rows written
+
+
+def test_optimizer_bytes_follow_the_kernels_each_optimizer_runs() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+
+    def per_parameter(**spec: Any) -> float:
+        trace = trace_step(config, TraceSettings.from_spec(RunSpec(model="x", method="full", **spec)), 2, 32)
+        return trace.flops["optimizer_bytes"] / trace.facts.trainable_numel
+
+    fused = per_parameter(precision="bf16")
+    # parameter, gradient and both states read; parameter and states written (the schema of torch's fused
+    # kernel declares the gradient written too), 2 bytes each
+    assert 7 * 2 <= fused <= 8 * 2 + 0.01
+    assert per_parameter(precision="bf16", optimizer="adamw-foreach") > 2.2 * fused  # many passes, not one
+    assert per_parameter(precision="fp32", optimizer="sgd") == pytest.approx(3 * 4, rel=0.01)  # read p, g; write p

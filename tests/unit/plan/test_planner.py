@@ -303,3 +303,31 @@ def test_evaluation_adds_forward_passes_to_the_run(tmp_path) -> None:
                  eval={"examples": 2_000_000, "every_steps": 1_000_000})["options"][0]
     steps = 3 * 20_000_000 // 8
     assert often["eval_hours"] == pytest.approx(per_epoch["eval_hours"] * (steps // 1_000_000) / 3, rel=0.01)
+
+
+def test_a_profile_traced_at_one_shape_is_not_used_at_another(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the fitted profiles fall back to the longest sequence's exact shape (operations differed between
+    shapes), the step's work is traced again at the padded length the micro-batches really have: work at
+    the full seq_len would be charged for every padded micro-batch."""
+    from tunecast.estimate import profiles
+    from tunecast.plan import planner as planner_module
+
+    catalog = tiny_catalog([offer("h100-sxm", 2.0)], slugs=("h100-sxm",))
+    loaded = loaded_spec(tmp_path, catalog, gpus={"count": 1})
+    planner = Planner(loaded, catalog, workload_for(loaded, catalog))
+    spec = loaded.spec
+    gpu = catalog.gpus.get("h100-sxm")
+    memory = planner._estimate(spec, gpu, 2, False)
+    asked: list[tuple[int, int, bool]] = []
+
+    def exact_only(config: Any, settings: Any, batch: int, seq: int, *, exact: bool = False) -> Any:
+        asked.append((batch, seq, exact))
+        pair = profiles.get_profiles(config, settings, batch, seq, exact=True)
+        return dataclasses.replace(pair, exact_shape=(batch, seq))
+
+    monkeypatch.setattr(planner_module, "get_profiles", exact_only)
+    configured = planner._configuration(gpu, 1, spec, 2, 4, False, memory, ())
+    padded = round(planner.workload.tokens_per_sequence(2))
+    assert padded < spec.seq_len
+    assert asked == [(2, spec.seq_len, False), (2, padded, True)]
+    assert configured.step.tokens_per_step == 2 * padded * 4

@@ -99,6 +99,7 @@ def _train(cli, config: Path) -> dict:  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("method", "optimizer", "extra"), [
     ("full", "adamw", {}),
+    ("full", "adamw-foreach", {}),
     ("lora", "sgd", {}),
     ("lora", "adafactor", {}),
     ("lora", "adamw-8bit", {}),
