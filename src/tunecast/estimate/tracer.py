@@ -144,20 +144,23 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
             for leaf in tree_leaves(out):
                 if isinstance(leaf, torch.Tensor):
                     written += recorder.track(leaf)
-            if recorder.counting_optimizer and _launches_kernel(func):
+            if not (recorder.counting or recorder.counting_optimizer):
+                return out
+            kernel = _launches_kernel(func)
+            if recorder.counting_optimizer and kernel:
                 recorder.optimizer_bytes += moved_bytes(func, args, kwargs or {}, out)
             if recorder.counting:
                 name = func.overloadpacket.__name__
                 if name not in _COMPUTE_OPS:
                     recorder.elementwise_bytes += written
-                    if _launches_kernel(func):
+                    if kernel:
                         recorder.moved_bytes += moved_bytes(func, args, kwargs or {}, out)
                 if name.startswith(_TRANSCENDENTAL_OPS):
                     recorder.transcendental_bytes += written
                 if name.startswith(_RANDOM_OPS):
                     recorder.random_elements += sum(leaf.numel() for leaf in tree_leaves(out)
                                                     if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
-                if _launches_kernel(func):
+                if kernel:
                     recorder.kernels += 1
             return out
 

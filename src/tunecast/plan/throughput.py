@@ -111,11 +111,11 @@ class _Rates:
     element: int  # bytes of a matmul operand
     host_op_s: float  # host seconds per eager operation (Python, autograd, dispatch, launch)
     synchronous: bool  # the host computes too (a CPU): host time adds to compute instead of hiding behind it
+    dequantize_bytes: float  # bytes at the bandwidth that dequantizing one NF4 weight costs (catalog)
     figures: DeviceFigures | None = None
     dtype: str = "bf16"
     random_s: float = 0.0  # seconds per random number drawn beyond writing it (measured; ~0 on a GPU)
     transcendental: float = 0.0  # bytes/s (written) of exp/log/erf-like operations, where measured
-    dequantize_bytes: float = 2.5  # bytes at the bandwidth that dequantizing one NF4 weight costs (catalog)
     first_touch: float = 0.0  # bytes/s at which fresh pages fault in (a CPU, where measured)
 
     @classmethod
@@ -130,8 +130,7 @@ class _Rates:
         bf16 = gpu.bf16_tflops * 1e12 * efficiency
         return cls(peak * efficiency, bf16, bf16 * constants.get("attention_efficiency"),
                    gpu.memory_bandwidth_gb_per_s * 1e9 * constants.get("memory_efficiency"), element,
-                   constants.get("op_dispatch_us") * 1e-6, False,
-                   dequantize_bytes=constants.get("bnb_dequantize_bytes_per_weight"))
+                   constants.get("op_dispatch_us") * 1e-6, False, constants.get("bnb_dequantize_bytes_per_weight"))
 
     @classmethod
     def _measured(cls, spec: RunSpec, figures: DeviceFigures, constants: ThroughputConstants,
@@ -147,10 +146,10 @@ class _Rates:
         transcendental = figures.value("transcendental", dtype=dtype)
         first_touch = figures.value("first_touch")
         return cls(large, large, attention * 1e12 if attention else large * constants.get("attention_efficiency"),
-                   bandwidth * 1e9, element, host * 1e-6, figures.device.kind == "cpu", figures, dtype,
+                   bandwidth * 1e9, element, host * 1e-6, figures.device.kind == "cpu",
+                   constants.get("bnb_dequantize_bytes_per_weight"), figures, dtype,
                    random * 1e-9 if random is not None else 0.0,
                    transcendental * 1e9 if transcendental is not None else 0.0,
-                   constants.get("bnb_dequantize_bytes_per_weight"),
                    first_touch * 1e9 if first_touch is not None else 0.0)
 
     def linear_rate(self, tokens: float, inputs: int, outputs: int, product: str | None = None) -> float:
@@ -203,8 +202,8 @@ MMAP_THRESHOLD = 32 * 2**20
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
     return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
-            for kind in ("matmul", "attention", "elementwise_bytes", "moved_bytes", "optimizer_bytes", "kernels",
-                         "random_elements", "transcendental_bytes")}
+            for kind in ("matmul", "attention", "moved_bytes", "optimizer_bytes", "kernels", "random_elements",
+                         "transcendental_bytes")}
 
 
 def _first_touch_seconds(pair: ProfilePair, rates: _Rates, micro_batch: int, seq: int) -> float:
