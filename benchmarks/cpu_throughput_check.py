@@ -111,11 +111,30 @@ def make_data(path: Path, examples: int, seq_len: int, seed: int) -> None:
             handle.write(json.dumps({"text": " ".join(chooser.choice(WORDS) for _ in range(words))}) + "\n")
 
 
-def wait_for_quiet(limit_s: float = 30.0) -> None:
-    """Until the other processes leave the cores idle (load below 0.3), at most `limit_s`."""
+def _busy_share(seconds: float = 1.0) -> float:
+    """The share of all cores' time spent busy over the next `seconds` (/proc/stat)."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as handle:
+            values = [int(v) for v in handle.readline().split()[1:]]
+        return sum(values), values[3] + values[4]  # all, idle + iowait
+    total, idle = sample()
+    time.sleep(seconds)
+    total_after, idle_after = sample()
+    return 1.0 - (idle_after - idle) / max(1, total_after - total)
+
+
+def wait_for_quiet(limit_s: float = 60.0) -> None:
+    """Until the other processes leave the cores idle (under 10% busy for three seconds in a row), at most
+    `limit_s`; says so on stderr when the machine stays busy, since every figure measured then is too slow."""
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and os.getloadavg()[0] > 0.3:
-        time.sleep(1.0)
+    quiet = 0
+    busy = 1.0
+    while time.monotonic() < deadline and quiet < 3:
+        busy = _busy_share()
+        quiet = quiet + 1 if busy < 0.10 else 0
+    if quiet < 3:
+        print(f"warning: the cores are still {busy:.0%} busy after {limit_s:.0f} s; measuring anyway "
+              "(stop the other processes for figures that mean something)", file=sys.stderr)
 
 
 # Memory a virtual machine's guest has never used since it booted faults in through the hypervisor: measured
@@ -137,6 +156,16 @@ def touch_free_memory() -> float:
     return time.monotonic() - started
 
 
+def qlora_precision(scratch: Path) -> str:
+    """QLoRA computes in bf16 where the probe found bf16 matmuls at least a quarter as fast as fp32 ones, else in
+    fp32: a CPU without native bf16 (the AMD EPYC VM of 2026-12-01) runs bf16 products through a fallback
+    50–400× slower than fp32, and one step of a 4-layer model took 12 minutes."""
+    with (scratch / "catalog" / "device_measurements.csv").open() as handle:
+        rows = [row for row in csv.DictReader(handle) if row["quantity"] == "matmul"]
+    best = {dtype: max(float(r["value"]) for r in rows if r["dtype"] == dtype) for dtype in ("fp32", "bf16")}
+    return "bf16" if best["bf16"] >= best["fp32"] / 4 else "fp32"
+
+
 def run_case(case: Case, scratch: Path, env: dict[str, str], reuse: bool = False) -> dict[str, Any]:
     folder = scratch / case.label
     metrics = folder / "out" / "metrics.jsonl"
@@ -151,8 +180,9 @@ def run_case(case: Case, scratch: Path, env: dict[str, str], reuse: bool = False
     data = folder / "data.jsonl"
     examples = steps * micro_batch * (1 if not case.settings["packing"] else 3)
     make_data(data, examples, case.settings["seq_len"], seed=len(case.label))
-    run = {"model": str(model), **case.settings, "precision": "fp32" if case.settings["method"] != "qlora"
-           else "bf16", "optimizer": "adamw", "grad_accum": 1, "grad_checkpointing": False, "max_steps": steps,
+    precision = "fp32" if case.settings["method"] != "qlora" else qlora_precision(scratch)
+    run = {"model": str(model), **case.settings, "precision": precision, "optimizer": "adamw", "grad_accum": 1,
+           "grad_checkpointing": False, "max_steps": steps,
            "dataset": {"path": str(data), "tokenizer": str(TOKENIZER)}, "eval": {"examples": 0},
            "checkpoint": {"every_steps": 100_000}, "output": str(folder / "out")}
     config = folder / "run.yaml"
@@ -179,6 +209,7 @@ def _compare(case: Case, folder: Path, env: dict[str, str], started: float | Non
     seconds = sum(r["step_seconds"] for r in steps_done)
     measured = sum(r["tokens"] for r in steps_done) / seconds
     return {"label": case.label, "model": case.model, "layers": case.layers, **case.settings,
+            "precision": json.loads(config.read_text())["precision"],
             "measured": measured, "predicted": option["tokens_per_second"],
             "padding": sum(r["padded_tokens"] for r in steps_done) / sum(r["tokens"] for r in steps_done),
             "optimizer_share": sum(r.get("optimizer_seconds", 0.0) for r in steps_done) / seconds,
@@ -187,8 +218,8 @@ def _compare(case: Case, folder: Path, env: dict[str, str], started: float | Non
 
 def table(results: list[dict[str, Any]], device: str) -> str:
     lines = [f"Device: {device}.", "",
-             "| case | model (layers) | method | micro-batch × length | data | measured tok/s | predicted tok/s "
-             "| error |", "|---|---|---|---|---|---:|---:|---:|"]
+             "| case | model (layers) | method, precision | micro-batch × length | data | measured tok/s "
+             "| predicted tok/s | error |", "|---|---|---|---|---|---:|---:|---:|"]
     errors = []
     for r in results:
         if "error" in r:
@@ -197,7 +228,7 @@ def table(results: list[dict[str, Any]], device: str) -> str:
         error = r["predicted"] / r["measured"] - 1
         errors.append(error)
         layers = f" ({r['layers']})" if r["layers"] else ""
-        lines.append(f"| `{r['label']}` | {r['model'].split('/')[-1]}{layers} | {r['method']} | "
+        lines.append(f"| `{r['label']}` | {r['model'].split('/')[-1]}{layers} | {r['method']} {r['precision']} | "
                      f"{r['micro_batch']} × {r['seq_len']} | {'packed' if r['packing'] else 'padded'} "
                      f"(×{r['padding']:.2f}) | {r['measured']:,.0f} | {r['predicted']:,.0f} | {error:+.0%} |")
     if errors:

@@ -35,7 +35,7 @@ def _reuse_probe(measured: probe.ProbeResult, monkeypatch: pytest.MonkeyPatch, s
 def test_the_probe_measures_what_the_throughput_model_needs(measured: probe.ProbeResult) -> None:
     quantities = {row.quantity for row in measured.measurements}
     assert {"matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth", "random",
-            "first_touch", "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
+            "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
     assert measured.device.kind == "cpu" and measured.device.count == 1 and measured.seconds < PROBE_S_LIMIT
     fp32 = {row.shape: row.value for row in measured.measurements if row.quantity == "matmul" and row.dtype == "fp32"}
     assert fp32["16x512x512"] < max(fp32.values())  # a handful of tokens is slower per FLOP than many

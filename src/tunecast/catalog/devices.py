@@ -18,8 +18,8 @@ The quantities (the probe's docstring says how each is measured):
   `full` or `lora` (transformers, and transformers + peft with its adapter hooks and casts);
 * `optimizer` (ns per parameter) of one AdamW step over large tensors, shape `fused` or `foreach`, and
   `optimizer_tensor` (µs per tensor, same shapes) over many small ones;
-* `bnb_4bit_call` (µs per call) and `bnb_4bit_dequantize` (ns per weight) of a bitsandbytes 4-bit linear
-  layer on a handful of tokens, where bitsandbytes is installed.
+* `bnb_4bit_call` (µs per call) and `bnb_4bit_dequantize` (ns per weight), shape `nf4`, per compute dtype, of
+  a bitsandbytes 4-bit linear layer on a handful of tokens, where bitsandbytes is installed.
 
 A device row whose name is a catalog GPU's alias lends its figures to that GPU; `--gpu local` is the device
 probed on this host.
@@ -45,6 +45,8 @@ DEVICES_FILE = "devices.csv"
 MEASUREMENTS_FILE = "device_measurements.csv"
 LOCAL = "local"
 
+# `first_touch` (a CPU's cost of faulting fresh pages in) was measured by probes before the runner kept freed
+# memory on a CPU (train/host_memory.py); rows of it in a user's catalog still load, and nothing reads them.
 Quantity = Literal["matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth",
                    "random", "transcendental", "first_touch", "op_overhead", "optimizer", "optimizer_tensor",
                    "bnb_4bit_call", "bnb_4bit_dequantize"]

@@ -88,19 +88,6 @@ class StepProfile:
         return {kind: sum(c * t for c, t in zip(coefficients, terms, strict=True))
                 for kind, coefficients in self.flops.items()}
 
-    def fresh_bytes(self, batch: int, seq: int, threshold: float) -> float:
-        """Bytes of the measured step's allocations of at least `threshold` bytes at (batch, seq): on a CPU,
-        glibc maps blocks that large afresh each time, so every page of them is faulted in and zeroed again."""
-        terms = basis(batch, seq)
-        last = max((event.step for event in self.events), default=0)
-        total = 0.0
-        for event in self.events:
-            if event.kind == ALLOC and event.step == last and event.phase != "setup":
-                size = sum(c * t for c, t in zip(event.size, terms, strict=True))
-                if size >= threshold:
-                    total += size
-        return total
-
     def to_json(self) -> dict[str, Any]:
         return {"layers": self.layers, "facts": asdict(self.facts),
                 "flops": {k: list(v) for k, v in self.flops.items()},

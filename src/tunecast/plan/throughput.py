@@ -116,7 +116,6 @@ class _Rates:
     dtype: str = "bf16"
     random_s: float = 0.0  # seconds per random number drawn beyond writing it (measured; ~0 on a GPU)
     transcendental: float = 0.0  # bytes/s (written) of exp/log/erf-like operations, where measured
-    first_touch: float = 0.0  # bytes/s at which fresh pages fault in (a CPU, where measured)
 
     @classmethod
     def of(cls, spec: RunSpec, gpu: Gpu, constants: ThroughputConstants) -> _Rates:
@@ -144,13 +143,11 @@ class _Rates:
         assert bandwidth is not None and host is not None, "a probe always measures bandwidth and overhead"
         random = figures.value("random")
         transcendental = figures.value("transcendental", dtype=dtype)
-        first_touch = figures.value("first_touch")
         return cls(large, large, attention * 1e12 if attention else large * constants.get("attention_efficiency"),
                    bandwidth * 1e9, element, host * 1e-6, figures.device.kind == "cpu",
                    constants.get("bnb_dequantize_bytes_per_weight"), figures, dtype,
                    random * 1e-9 if random is not None else 0.0,
-                   transcendental * 1e9 if transcendental is not None else 0.0,
-                   first_touch * 1e9 if first_touch is not None else 0.0)
+                   transcendental * 1e9 if transcendental is not None else 0.0)
 
     def linear_rate(self, tokens: float, inputs: int, outputs: int, product: str | None = None) -> float:
         """FLOP/s of one of a Linear layer's products for `tokens` rows: measured at this shape where probed."""
@@ -194,24 +191,11 @@ def compute_dtype(precision: str, measured: set[str]) -> str:
     return "bf16" if "bf16" in measured else sorted(measured)[0]
 
 
-# glibc's largest dynamic mmap threshold on 64-bit Linux (DEFAULT_MMAP_THRESHOLD_MAX): a block at least this
-# large is mapped afresh by every allocation and unmapped when freed, so its pages fault in again each step.
-MMAP_THRESHOLD = 32 * 2**20
-
-
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
     return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
             for kind in ("matmul", "attention", "moved_bytes", "optimizer_bytes", "kernels", "random_elements",
                          "transcendental_bytes")}
-
-
-def _first_touch_seconds(pair: ProfilePair, rates: _Rates, micro_batch: int, seq: int) -> float:
-    """A CPU where the probe measured it: faulting in the pages of the step's large allocations."""
-    if not rates.first_touch:
-        return 0.0
-    return _depth(pair, lambda p: p.fresh_bytes(micro_batch, seq, MMAP_THRESHOLD)) / rates.first_touch
-
 
 
 def forward_seconds(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *,
@@ -232,8 +216,8 @@ def dequantize_seconds(pair: ProfilePair, rates: _Rates, *, passes: int) -> floa
     bandwidth), or at its cost per call and per weight where the probe measured it."""
     quantized = _depth(pair, lambda p: p.facts.quantizable_numel)
     figures = rates.figures
-    per_call = figures.value("bnb_4bit_call") if figures is not None else None
-    per_weight = figures.value("bnb_4bit_dequantize") if figures is not None else None
+    per_call = figures.value("bnb_4bit_call", "nf4", rates.dtype) if figures is not None else None
+    per_weight = figures.value("bnb_4bit_dequantize", "nf4", rates.dtype) if figures is not None else None
     if per_call is None or per_weight is None:
         return passes * quantized * rates.dequantize_bytes / rates.bandwidth
     calls = pair.layers * sum(1 for _, _, trains in pair.deeper.facts.layer_linears if not trains)
@@ -257,8 +241,7 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     work = _work(pair, micro_batch, seq)
     other_flops = max(0.0, work["matmul"] - linear_flops)
     compute_s = (linear_s + other_flops / rates.bf16 + work["attention"] / rates.attention
-                 + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s
-                 + _first_touch_seconds(pair, rates, micro_batch, seq))
+                 + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s)
 
     dequantize_s = dequantize_seconds(pair, rates, passes=passes + 1) if spec.method == "qlora" else 0.0
     # Every eager operation costs the host its Python, autograd and dispatch time. On a GPU kernels are queued

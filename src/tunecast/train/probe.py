@@ -1,7 +1,8 @@
 """The device probe: in under a minute, what the throughput model needs to know about the device at hand.
 
 What is measured, and how (each figure the median of several timed rounds after a warm-up call; on CUDA
-between `synchronize()` calls, so the time is the device's):
+between `synchronize()` calls, so the time is the device's; on a CPU with freed memory kept for reuse, as the
+runner keeps it, so that no figure includes the kernel faulting fresh pages in):
 
 * matmul rates: the three products of a Linear layer's training step — forward (x @ Wᵀ), the input's
   gradient (g @ W) and the weight's gradient (gᵀ @ x) — for M tokens and a K × N weight, counted as
@@ -42,6 +43,7 @@ import torch
 
 from tunecast.catalog.devices import PRODUCTS, DeviceRow, MeasurementRow, device_slug, this_host
 from tunecast.catalog.gpus import GpuIndex
+from tunecast.train.host_memory import keep_freed_memory
 from tunecast.units import BYTES_PER_GIB
 
 MIB = 2**20
@@ -54,7 +56,6 @@ MIN_TOKEN_COUNTS = 2  # every weight shape is timed at this many token counts at
 # Operands of the matmul measurements, in all: more than the largest last-level caches hold.
 COLD_BYTES = {"cpu": 256 * MIB, "cuda": 1024 * MIB}
 RANDOM_ELEMENTS = 1 << 22
-FIRST_TOUCH_MIB = 256
 TRANSCENDENTAL_ELEMENTS = 1 << 24
 
 
@@ -185,13 +186,13 @@ class Probe:
 
     def run(self) -> ProbeResult:
         started = time.monotonic()
+        if self.device.type == "cpu":
+            keep_freed_memory()  # as the runner does: a probe that faulted fresh pages in would time the kernel
         with torch.no_grad():
             self.matmuls()
             self.bandwidth()
             self.transcendental()
             self.random()
-            if self.device.type == "cpu":
-                self.first_touch()
         self.attention()
         self.op_overhead()
         self.optimizer()
@@ -250,21 +251,6 @@ class Probe:
         seconds = timed(functools.partial(mask.bernoulli_, 0.9), self.device)
         self.add("random", seconds / RANDOM_ELEMENTS * 1e9, "ns per element", dtype="fp32",
                  notes="a dropout mask: bernoulli_ over 4M values")
-
-    def first_touch(self) -> None:
-        """A CPU: the cost of writing memory freshly allocated (every page faulted in and zeroed by the kernel)
-        beyond writing memory already in use — large tensors are mapped afresh by every allocation."""
-        self.progress("fresh memory")
-        size = FIRST_TOUCH_MIB * MIB
-        reused = torch.empty(size, dtype=torch.uint8)
-
-        def fresh() -> None:
-            torch.empty(size, dtype=torch.uint8).fill_(1)
-
-        extra = timed(fresh, self.device) - timed(functools.partial(reused.fill_, 1), self.device)
-        if extra > 0:
-            self.add("first_touch", size / extra / 1e9, "GB/s",
-                     notes=f"fresh {FIRST_TOUCH_MIB} MiB written, less the same write to memory in use")
 
     def bandwidth(self) -> None:
         self.progress("memory bandwidth")
@@ -337,24 +323,28 @@ class Probe:
             import bitsandbytes as bnb
         except Exception:  # absent, or unusable on this device: nothing to measure
             return
-        self.progress("bitsandbytes 4-bit layer")
-        seconds = {}
-        try:
-            for width in BNB_WIDTHS:
-                layer = bnb.nn.Linear4bit(width, width, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
-                layer = layer.to(self.device)
-                x = torch.randn(8, width, device=self.device, dtype=torch.bfloat16, requires_grad=True)
-                seconds[width] = timed(functools.partial(_layer_step, layer, x), self.device) / 2
-        except Exception:  # bitsandbytes without a backend for this device
-            return
-        # a pass (forward or backward) costs a fixed part and a part per weight: two sizes separate them
-        small, large = BNB_WIDTHS
-        per_weight = max(0.0, (seconds[large] - seconds[small]) / (large**2 - small**2))
-        per_call = max(1e-9, seconds[small] - per_weight * small**2)
-        notes = "a forward or backward pass of a bitsandbytes Linear4bit on 8 tokens, from two layer sizes"
-        self.add("bnb_4bit_call", per_call * 1e6, "us per pass", dtype="nf4", shape="", notes=notes)
-        self.add("bnb_4bit_dequantize", max(per_weight * 1e9, 1e-6), "ns per weight per pass", dtype="nf4",
-                 shape="", notes=notes)
+        for dtype in self.shapes.dtypes:  # per compute dtype: a CPU without native bf16 is far slower in bf16
+            if not self._supported(dtype):
+                continue
+            self.progress(f"bitsandbytes 4-bit layer {dtype}")
+            seconds = {}
+            try:
+                for width in BNB_WIDTHS:
+                    layer = bnb.nn.Linear4bit(width, width, bias=False, compute_dtype=DTYPES[dtype], quant_type="nf4")
+                    layer = layer.to(self.device)
+                    x = torch.randn(8, width, device=self.device, dtype=DTYPES[dtype], requires_grad=True)
+                    seconds[width] = timed(functools.partial(_layer_step, layer, x), self.device) / 2
+            except Exception:  # bitsandbytes without a backend for this device or dtype
+                continue
+            # a pass (forward or backward) costs a fixed part and a part per weight: two sizes separate them
+            small, large = BNB_WIDTHS
+            per_weight = max(0.0, (seconds[large] - seconds[small]) / (large**2 - small**2))
+            per_call = max(1e-9, seconds[small] - per_weight * small**2)
+            notes = (f"a forward or backward pass of a bitsandbytes Linear4bit (NF4, computing in {dtype}) on 8 "
+                     "tokens, from two layer sizes")
+            self.add("bnb_4bit_call", per_call * 1e6, "us per pass", dtype=dtype, shape="nf4", notes=notes)
+            self.add("bnb_4bit_dequantize", max(per_weight * 1e9, 1e-6), "ns per weight per pass", dtype=dtype,
+                     shape="nf4", notes=notes)
 
 
 class _ColdLinear:

@@ -14,6 +14,7 @@ from tunecast.errors import Problem, TunecastError
 from tunecast.estimate.settings import TraceSettings
 from tunecast.train.batches import load_train_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
+from tunecast.train.host_memory import keep_freed_memory
 from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
@@ -101,6 +102,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     from accelerate import Accelerator
 
     device = local_device(catalog)
+    keeps_freed_memory = device.kind == "cpu" and keep_freed_memory()
     accelerator = Accelerator(cpu=device.kind == "cpu", mixed_precision="no")
     fixed = spec
     if resolved_then:
@@ -176,7 +178,8 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     event = {"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
              "total_steps": steps, "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
              "grad_checkpointing": choice.grad_checkpointing, "device": device.name, "usd_per_hour": usd_per_hour,
-             "checkpoint_policy": policy.describe(), "rss_before_model_gib": rss_before_model}
+             "checkpoint_policy": policy.describe(), "rss_before_model_gib": rss_before_model,
+             "keeps_freed_memory": keeps_freed_memory}
     metrics.write(event)
     if found is not None:
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {steps}")
