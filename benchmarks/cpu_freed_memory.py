@@ -21,6 +21,8 @@ from pathlib import Path
 
 from docsection import write_section
 
+from tunecast.train.host_memory import untuned_environment
+
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks" / "cpu-freed-memory.md"
 MARK = "cpu-freed-memory"
@@ -78,10 +80,9 @@ def child(case: str, keep: bool) -> dict:
 
 
 def measure(case: str, keep: bool) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     done = subprocess.run([sys.executable, __file__, "--child", case, "--keep" if keep else "--glibc"],
-                          env={**env, "MKL_DYNAMIC": "FALSE"}, capture_output=True, text=True, timeout=1200,
-                          check=True)
+                          env={**untuned_environment(), "MKL_DYNAMIC": "FALSE"}, capture_output=True, text=True,
+                          timeout=1200, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -2,9 +2,9 @@
 growth over two training steps of real architectures (random weights) is within 5% of the estimate.
 
 The method of benchmarks/cpu_memory_groundtruth.py: glibc returns freed memory at once
-(MALLOC_MMAP_THRESHOLD_=65536, which also stops the runner keeping freed memory), the run reports its resident memory just before the model is built
-(`rss_before_model_gib` in the start event) and its peak (`peak_rss_gib`); the difference is compared with the
-estimate's `device_total_gib` ("resident growth").
+(MALLOC_MMAP_THRESHOLD_=65536, which also stops the runner keeping freed memory), the run reports its resident
+memory just before the model is built (`rss_before_model_gib` in the start event) and its peak (`peak_rss_gib`);
+the difference is compared with the estimate's `device_total_gib` ("resident growth").
 """
 
 from __future__ import annotations

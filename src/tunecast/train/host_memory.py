@@ -32,6 +32,13 @@ def user_tuned_malloc() -> bool:
             or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""))
 
 
+def untuned_environment() -> dict[str, str]:
+    """This process's environment without the allocator tuning `user_tuned_malloc` looks for: a child started
+    with it keeps freed memory when it calls `keep_freed_memory`."""
+    return {name: value for name, value in os.environ.items()
+            if name not in MALLOC_VARIABLES and not (name == "GLIBC_TUNABLES" and "glibc.malloc." in value)}
+
+
 def keep_freed_memory() -> bool:
     """Make glibc keep freed blocks for reuse (no mmap, no trimming); True when it took effect. Not on other C
     libraries or systems, and not where the user tuned glibc's allocator themselves."""

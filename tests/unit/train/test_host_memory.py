@@ -4,11 +4,12 @@ again, unless the user tuned glibc's allocator, whose choice is kept."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+
+from tunecast.train.host_memory import untuned_environment
 
 # Allocate, write and free a 256 MiB block twice; report the page faults of the second round.
 CHILD = """
@@ -33,9 +34,8 @@ PAGES = (256 << 20) // 4096
 
 
 def faults_of(extra_env: dict[str, str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
-    done = subprocess.run([sys.executable, "-c", CHILD], env={**env, **extra_env}, capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run([sys.executable, "-c", CHILD], env={**untuned_environment(), **extra_env},
+                          capture_output=True, text=True, timeout=60, check=True)
     return json.loads(done.stdout)
 
 
