@@ -7,6 +7,7 @@ config.json, or a config JSON file of any name), then the catalog, then configs 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -19,6 +20,8 @@ from tunecast.errors import TunecastError
 from tunecast.paths import cache_dir
 
 DOWNLOADS_DIR = "downloaded-configs"
+# How to go on without the Hub, as `--model` accepts it.
+_LOCAL = "point --model at a local model directory holding config.json, or at a config JSON file"
 
 
 def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
@@ -34,7 +37,7 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
     if cached.is_file():
         return _downloaded(name, cached, field)
     if allow_download and _looks_like_repo_id(name):
-        return _downloaded(name, download_config(name), field)
+        return _downloaded(name, download_config(name, field=field), field)
     raise TunecastError(f"unknown model {name!r}: not a local path and not in the catalog", field=field,
                         hint=_unknown_hint(name, catalog))
 
@@ -86,14 +89,22 @@ def _downloaded(name: str, path: Path, field: str) -> ModelConfig:
                        data=read_config_file(path, field_name=field), source=source)
 
 
-def download_config(repo_id: str) -> Path:
+def download_config(repo_id: str, *, field: str = "model") -> Path:
     """Fetch `repo_id`'s config.json through huggingface_hub (honouring HF_ENDPOINT and HF_TOKEN) and keep
-    a copy in tunecast's cache, so later commands find it without the network."""
+    a copy in tunecast's cache, so later commands find it without the network.
+
+    What the Hub said and what kept it from being asked are different user errors: a 404 is "not found", a
+    refused connection, a timeout or offline mode is "could not reach the Hub" (huggingface_hub reports those
+    as LocalEntryNotFoundError, a subclass of EntryNotFoundError, so it is caught first)."""
     from huggingface_hub import hf_hub_download
-    from huggingface_hub.errors import (
+
+    # huggingface_hub.utils exports these in every version tunecast accepts; .errors lacks most in 0.24.
+    from huggingface_hub.utils import (
+        DisabledRepoError,
         EntryNotFoundError,
         GatedRepoError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
     )
@@ -102,22 +113,35 @@ def download_config(repo_id: str) -> Path:
     try:
         fetched = hf_hub_download(repo_id, "config.json", cache_dir=cache_dir() / "hf", endpoint=endpoint,
                                   token=os.environ.get("HF_TOKEN") or None)
+    except HFValidationError:
+        raise TunecastError(f"{repo_id!r} is not a Hugging Face model id", field=field,
+                            hint=f"an id is org/name in letters, digits, '-', '_' and '.'; or {_LOCAL}") from None
     except GatedRepoError:
         raise TunecastError(
-            f"{repo_id} is gated: the Hub refused its config.json without access", field="model",
+            f"{repo_id} is gated: the Hub refused its config.json without access", field=field,
             hint=f"accept the model's licence on {endpoint}/{repo_id} and set HF_TOKEN to a token of that account",
         ) from None
     except RepositoryNotFoundError:
         raise TunecastError(
             f"{repo_id} was not found on {endpoint} (or it is private and HF_TOKEN does not grant access)",
-            field="model", hint="check the model id's spelling and case; set HF_TOKEN for a private model",
+            field=field, hint="check the model id's spelling and case; set HF_TOKEN for a private model",
         ) from None
+    except DisabledRepoError:
+        raise TunecastError(f"{repo_id} is disabled on {endpoint}: its files cannot be fetched", field=field,
+                            hint=_LOCAL) from None
+    except LocalEntryNotFoundError as error:
+        raise _unreachable(repo_id, endpoint, error.__cause__, field) from None
     except EntryNotFoundError:
-        raise TunecastError(f"{repo_id} has no config.json", field="model",
-                            hint="give a model directory or a config JSON file instead") from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as error:
-        raise TunecastError(f"could not fetch {repo_id}'s config.json from {endpoint}: {error}", field="model",
-                            hint="check the network (or HF_ENDPOINT), or give a local config JSON file") from None
+        raise TunecastError(f"config.json was not found in {repo_id} on {endpoint}", field=field,
+                            hint=f"the repository holds no transformers config; {_LOCAL}") from None
+    except HfHubHTTPError as error:
+        raise TunecastError(f"the Hub at {endpoint} refused {repo_id}'s config.json: {_first_line(error)}",
+                            field=field, hint=f"check HF_TOKEN and HF_ENDPOINT, or {_LOCAL}") from None
+    except _connection_errors() as error:
+        raise _unreachable(repo_id, endpoint, error, field) from None
+    except OSError as error:
+        raise TunecastError(f"could not fetch {repo_id}'s config.json from {endpoint}: {_first_line(error)}",
+                            field=field, hint=f"check the network and the cache directory, or {_LOCAL}") from None
     target = _downloaded_path(repo_id)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(fetched, target)
@@ -126,3 +150,45 @@ def download_config(repo_id: str) -> Path:
         "as_of": date.today().isoformat(),
     }))
     return target
+
+
+def _unreachable(repo_id: str, endpoint: str, cause: BaseException | None, field: str) -> TunecastError:
+    """The Hub was not asked, or did not answer: offline mode, no connection, a timeout, a proxy, the Hub
+    down, or an HF_ENDPOINT that is not a Hub. `cause` is what huggingface_hub met, when it says."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import FileMetadataError, HfHubHTTPError, OfflineModeIsEnabled
+
+    if isinstance(cause, OfflineModeIsEnabled) or (cause is None and constants.HF_HUB_OFFLINE):
+        return TunecastError(f"did not contact the Hugging Face Hub for {repo_id}'s config.json: HF_HUB_OFFLINE is set",
+                             field=field, hint=f"unset HF_HUB_OFFLINE to let --allow-download fetch it, or {_LOCAL}")
+    if isinstance(cause, HfHubHTTPError):
+        return TunecastError(f"the Hugging Face Hub at {endpoint} did not serve {repo_id}'s config.json: it answered "
+                             f"HTTP {cause.response.status_code}", field=field,
+                             hint=f"the Hub may be down or busy: try again later, or {_LOCAL}")
+    message = f"could not reach the Hugging Face Hub at {endpoint} to fetch {repo_id}'s config.json"
+    if isinstance(cause, FileMetadataError):
+        return TunecastError(f"{message}: {endpoint} does not answer as a Hub does", field=field,
+                             hint=f"check HF_ENDPOINT and the proxy settings, or {_LOCAL}")
+    reason = f": {_first_line(cause)}" if cause is not None else ""
+    return TunecastError(f"{message}{reason}", field=field,
+                         hint=f"check the network connection (and HF_ENDPOINT or the proxy, if set), or {_LOCAL}")
+
+
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """What huggingface_hub's HTTP client raises when it cannot connect at all and huggingface_hub passes it
+    on (a refusing proxy; a connection lost mid-download): httpx2 or httpx from huggingface_hub 1.0, requests
+    before; whichever is installed."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
+                          ("requests", ("ConnectionError", "Timeout"))):
+        try:
+            client = importlib.import_module(module)
+        except ImportError:
+            continue
+        errors.extend(getattr(client, name) for name in names)
+    return tuple(errors)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from tunecast.atomic import write_text_atomic
 from tunecast.catalog.models import MODEL_COLUMNS, ModelEntry, file_name_for, read_config_file
@@ -32,16 +33,19 @@ def merge_offers(new: list[Offer], user_dir: Path | None) -> Path:
     return path
 
 
-def add_model(config: Path, *, name: str, source: str, user_dir: Path | None) -> tuple[ModelEntry, Path]:
-    """Copy a model config into the user's catalog with its exact parameter count."""
-    from tunecast.estimate.shape import build_meta_model, count_parameters
-
+def read_model_config(config: Path) -> dict[str, Any]:
+    """The config `models add` was given: a config.json file, or a model directory holding one."""
     config_path = config / "config.json" if config.is_dir() else config
     if not config_path.is_file():
         raise TunecastError(f"{config_path} does not exist", field="config",
                             hint="give a config.json file or a model directory holding one")
-    data = read_config_file(config_path, field_name="config")
-    params = count_parameters(build_meta_model(data, name=name))
+    return read_config_file(config_path, field_name="config")
+
+
+def add_model(data: dict[str, Any], *, name: str, params: int, source: str,
+              user_dir: Path | None) -> tuple[ModelEntry, Path]:
+    """Copy a model config into the user's catalog with its exact parameter count, which the caller counts
+    (on the meta device, in estimate/) so that the catalog never imports torch."""
     try:
         entry = ModelEntry(name=name, file=file_name_for(name), params=params, as_of=date.today(),
                            source=source)

@@ -1,4 +1,5 @@
-"""`tunecast gpus`, `tunecast offers`, `tunecast models`: the catalogs as tables or JSON. No torch."""
+"""`tunecast gpus`, `tunecast offers`, `tunecast models`: the catalogs as tables or JSON. No torch, except in
+`models add`, which counts a new model's parameters on the meta device."""
 
 from __future__ import annotations
 
@@ -223,10 +224,13 @@ def models_add_command(
     json_output: JsonFlag = False,
 ) -> None:
     """Add a model config to your catalog, with its exact parameter count (builds it on the meta device)."""
-    from tunecast.catalog.user import add_model
+    from tunecast.catalog.user import add_model, read_model_config
+    from tunecast.estimate.shape import build_meta_model, count_parameters
 
     st = state(ctx)
-    entry, path = add_model(config, name=name, source=source, user_dir=st.catalog_dir)
+    data = read_model_config(config)
+    params = count_parameters(build_meta_model(data, name=name))
+    entry, path = add_model(data, name=name, params=params, source=source, user_dir=st.catalog_dir)
     if json_output:
         print_json({"name": entry.name, "params": entry.params, "file": str(path)})
         return

@@ -1,12 +1,14 @@
 """--model: catalog names, model directories, config files of any name, and opt-in downloads from a
-stand-in Hub served on loopback."""
+stand-in Hub served on loopback — and what a user is told when the Hub cannot be reached, or says no."""
 
 import hashlib
 import json
 import shutil
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -55,7 +57,8 @@ def test_nothing_is_downloaded_unless_allowed(catalog) -> None:
 
 
 class _Hub(BaseHTTPRequestHandler):
-    """Answers huggingface_hub's HEAD and GET for <repo>/resolve/main/config.json; one gated repo."""
+    """Answers huggingface_hub's HEAD and GET for <repo>/resolve/main/config.json; one gated repo, one repo
+without a config.json, one the Hub is down for."""
 
     configs = {"acme/tiny": CONFIG, "acme/gated": CONFIG}
     token = "hf_test_token"
@@ -63,6 +66,16 @@ class _Hub(BaseHTTPRequestHandler):
     def _reply(self, body: bool) -> None:
         parts = self.path.split("/resolve/")
         repo = parts[0].strip("/")
+        if repo == "acme/down":
+            self.send_response(503)
+            self.end_headers()
+            return
+        if repo == "acme/weights-only":
+            self.send_response(404)
+            self.send_header("X-Error-Code", "EntryNotFound")
+            self.send_header("X-Repo-Commit", "0" * 40)
+            self.end_headers()
+            return
         if len(parts) != 2 or repo not in self.configs or not parts[1].endswith("config.json"):
             self.send_response(404)
             self.send_header("X-Error-Code", "RepoNotFound")
@@ -122,5 +135,88 @@ def test_gated_model_needs_hf_token(catalog, hub, monkeypatch) -> None:
 
 
 def test_unknown_repo_on_the_hub(catalog, hub) -> None:
-    with pytest.raises(TunecastError, match="not found"):
+    with pytest.raises(TunecastError, match=r"acme/nothing was not found on http://127\.0\.0\.1"):
         resolve_model("acme/nothing", catalog, allow_download=True)
+
+
+def test_repo_without_a_config_json(catalog, hub) -> None:
+    with pytest.raises(TunecastError, match=r"config\.json was not found in acme/weights-only") as error:
+        resolve_model("acme/weights-only", catalog, allow_download=True)
+    assert "config JSON file" in (error.value.hint or "")
+
+
+def test_not_a_hub_model_id(catalog, hub) -> None:
+    with pytest.raises(TunecastError, match="'acme/two words' is not a Hugging Face model id"):
+        resolve_model("acme/two words", catalog, allow_download=True)
+
+
+# The Hub out of reach. huggingface_hub retries a failed connection five times with back-off (23 s in all)
+# before it gives up; the waits are skipped here so that each test takes a fraction of a second.
+
+
+@pytest.fixture
+def no_retry_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub.utils import _http
+
+    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=lambda seconds: None))
+
+
+@pytest.fixture
+def closed_endpoint(monkeypatch: pytest.MonkeyPatch, no_retry_waits: None) -> str:
+    """HF_ENDPOINT at a loopback port that nothing listens on: every connection is refused."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    return endpoint
+
+
+def test_unreachable_hub_is_not_a_missing_config(catalog, closed_endpoint) -> None:
+    with pytest.raises(TunecastError, match="could not reach the Hugging Face Hub") as error:
+        resolve_model("someorg/some-model", catalog, allow_download=True)
+    assert error.value.message.startswith(f"could not reach the Hugging Face Hub at {closed_endpoint} to fetch "
+                                          "someorg/some-model's config.json: ")
+    assert "not found" not in error.value.message and "no config.json" not in error.value.message
+    assert error.value.field == "model" and "\n" not in error.value.message
+    assert "local model directory holding config.json, or at a config JSON file" in (error.value.hint or "")
+
+
+def test_offline_mode_says_so(catalog, closed_endpoint, monkeypatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(TunecastError, match="HF_HUB_OFFLINE is set") as error:
+        resolve_model("someorg/some-model", catalog, allow_download=True)
+    assert "unset HF_HUB_OFFLINE" in (error.value.hint or "")
+
+
+def test_hub_down_is_not_a_missing_model(catalog, hub, no_retry_waits) -> None:
+    with pytest.raises(TunecastError, match=r"did not serve acme/down's config\.json: it answered HTTP 503") as error:
+        resolve_model("acme/down", catalog, allow_download=True)
+    assert "try again later" in (error.value.hint or "")
+
+
+def test_a_connection_lost_outside_the_metadata_call(catalog, monkeypatch) -> None:
+    """Errors of the HTTP client that huggingface_hub passes on unwrapped (a proxy that refuses, a connection
+    lost mid-download) are the Hub out of reach too."""
+    import huggingface_hub
+
+    httpx = pytest.importorskip("httpx2")
+
+    def refuse(*args: object, **kwargs: object) -> str:
+        raise httpx.ProxyError("407 Proxy Authentication Required")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+    with pytest.raises(TunecastError, match=r"could not reach the Hugging Face Hub .*: 407 Proxy Authentication"):
+        resolve_model("someorg/some-model", catalog, allow_download=True)
+
+
+def test_cli_exit_status_and_message_when_the_hub_is_out_of_reach(cli, closed_endpoint) -> None:
+    result = cli("memory", "--model", "someorg/some-model", "--allow-download")
+    assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "could not reach the Hugging Face Hub" in result.stderr and "no config.json" not in result.stderr
+    document = cli("memory", "--model", "someorg/some-model", "--allow-download", "--json")
+    assert document.code == 2
+    problem = document.json()["error"]["problems"][0]
+    assert problem["field"] == "model" and problem["message"].startswith("could not reach the Hugging Face Hub")
