@@ -2,12 +2,14 @@
 micro-batch b and sequence length s, so that one set of traces answers for any b and s.
 
 Tensor shapes are products of b, s and fixed dimensions, so every allocation's size is a combination of
-1, s, s², b·s and b·s² (s² for seq × seq attention scores and masks; b-free terms for tensors shared by the
-batch, such as rotary tables). Five traces at different (b, s) determine the five coefficients of every
-allocation exactly, provided the traces perform the same operations in the same order — which is checked;
-when they differ the profile is not built and the caller traces the requested shape directly. A batch of
-one takes a few different operations (some `.contiguous()` copies are no-ops on it), so b = 1 has its own
-profile, fitted from three lengths over 1, s and s².
+1, s, s², b·s, b·s² and b (s² for seq × seq attention scores and masks; b-free terms for tensors shared by
+the batch, such as rotary tables; b alone for the loss's labels padded by one position, b·(s + 1)).
+Profiles instantiated from a template (templates.py) hold all six exactly. Profiles fitted from traces of
+the model itself read the first five: five traces at different (b, s) determine them for every allocation
+(the b term, a few bytes, is left out), provided the traces perform the same operations in the same order
+— which is checked; when they differ the profile is not built and the caller traces the requested shape
+directly. A batch of one takes a few different operations (some `.contiguous()` copies are no-ops on it),
+so b = 1 has its own profile, fitted from three lengths over 1, s and s².
 
 Replaying a profile at (b, s) gives, per phase of the second step, the peak of live tensor bytes, the
 category breakdown at that peak, and (on CUDA) the caching allocator's rounding and reserve.
@@ -22,14 +24,14 @@ from typing import Any
 from tunecast.estimate.allocator import CachingAllocator, round_size
 from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts, Trace
 
-BASIS_NAMES = ("1", "s", "s2", "bs", "bs2")
+BASIS_NAMES = ("1", "s", "s2", "bs", "bs2", "b")
 FIT_SHAPES_SINGLE = ((1, 512), (1, 1024), (1, 1536))
 FIT_SHAPES_MULTI = ((2, 512), (2, 1024), (2, 1536), (3, 512), (3, 1024))
 MEASURED_STEP = 2
 
 
 def basis(batch: int, seq: int) -> tuple[int, ...]:
-    return (1, seq, seq * seq, batch * seq, batch * seq * seq)
+    return (1, seq, seq * seq, batch * seq, batch * seq * seq, batch)
 
 
 def fit_points(batch: int, offset: int = 0) -> list[tuple[int, int]]:
@@ -43,7 +45,7 @@ def _rows(shapes: list[tuple[int, int]]) -> list[tuple[int, ...]]:
     """Basis rows of the fit: 1, s, s² alone for b = 1 (where b·s is s), all five terms otherwise."""
     if all(b == 1 for b, _ in shapes):
         return [basis(b, s)[:3] for b, s in shapes]
-    return [basis(b, s) for b, s in shapes]
+    return [basis(b, s)[:5] for b, s in shapes]
 
 
 def _solve(rows: list[tuple[int, ...]], values: list[int]) -> tuple[Fraction, ...]:
@@ -80,17 +82,27 @@ class StepProfile:
     events: list[ProfileEvent]
     facts: ModelFacts
     flops: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    """FLOPs of one step's forward and backward by kind (`matmul`, `attention`), as coefficients over
-    BASIS_NAMES like the sizes."""
+    """FLOPs of one step's forward and backward by kind (`matmul`, `attention`), and the other summed
+    figures of the trace (bytes moved, kernels), as coefficients over BASIS_NAMES like the sizes."""
+    capped: dict[str, list[tuple[tuple[float, ...], tuple[float, ...]]]] = field(default_factory=dict)
+    """Terms of those figures that are the smaller of two sizes (a lookup reads at most as much of its
+    table as it writes: the embedding's whole table when the batch has more tokens than the vocabulary)."""
 
     def flops_at(self, batch: int, seq: int) -> dict[str, float]:
         terms = basis(batch, seq)
-        return {kind: sum(c * t for c, t in zip(coefficients, terms, strict=True))
-                for kind, coefficients in self.flops.items()}
+
+        def at(coefficients: tuple[float, ...]) -> float:
+            return sum(c * t for c, t in zip(coefficients, terms, strict=True))
+
+        figures = {kind: at(coefficients) for kind, coefficients in self.flops.items()}
+        for kind, pairs in self.capped.items():
+            figures[kind] = figures.get(kind, 0.0) + sum(min(at(a), at(b)) for a, b in pairs)
+        return figures
 
     def to_json(self) -> dict[str, Any]:
         return {"layers": self.layers, "facts": asdict(self.facts),
                 "flops": {k: list(v) for k, v in self.flops.items()},
+                "capped": {k: [[list(a), list(b)] for a, b in v] for k, v in self.capped.items()},
                 "events": [[e.kind, e.key, list(e.size), e.category, e.phase, e.step] for e in self.events]}
 
     @classmethod
@@ -100,8 +112,9 @@ class StepProfile:
         facts = data["facts"]
         facts["layer_linears"] = tuple(tuple(x) for x in facts.get("layer_linears", ()))
         facts["head_linear"] = tuple(facts.get("head_linear", (0, 0, False)))
+        capped = {k: [(tuple(a), tuple(b)) for a, b in v] for k, v in data.get("capped", {}).items()}
         return cls(layers=data["layers"], events=events, facts=ModelFacts(**facts),
-                   flops={k: tuple(v) for k, v in data.get("flops", {}).items()})
+                   flops={k: tuple(v) for k, v in data.get("flops", {}).items()}, capped=capped)
 
 
 def events_align(traces: list[list[Event]]) -> bool:
@@ -118,7 +131,7 @@ def events_align(traces: list[list[Event]]) -> bool:
 def _fit(rows: list[tuple[int, ...]], values: list[int | float]) -> tuple[float, ...]:
     """Coefficients over BASIS_NAMES of values measured at the rows' shapes."""
     if len(set(values)) == 1:
-        return (float(values[0]), 0.0, 0.0, 0.0, 0.0)
+        return (float(values[0]),) + (0.0,) * (len(BASIS_NAMES) - 1)
     exact = _solve(rows, [round(v) for v in values])
     return tuple(float(c) for c in exact) + (0.0,) * (len(BASIS_NAMES) - len(exact))
 
@@ -146,15 +159,16 @@ def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[Trace])
         flop_rows = [(b * s, b * s * s) for (b, s), _ in counted]
         for kind in ("matmul", "attention"):
             per_token, per_pair = _solve(flop_rows, [round(trace.flops[kind]) for _, trace in counted])
-            flops[kind] = (0.0, 0.0, 0.0, float(per_token), float(per_pair))
+            flops[kind] = (0.0, 0.0, 0.0, float(per_token), float(per_pair), 0.0)
     return StepProfile(layers, events, traces[0].facts, flops)
 
 
 def profile_from_trace(layers: int, trace: Trace) -> StepProfile:
     """A profile valid at the traced shape only (used when traces at different shapes do not align)."""
-    events = [ProfileEvent(e.kind, e.key, (float(e.nbytes), 0.0, 0.0, 0.0, 0.0) if e.kind == ALLOC else (),
+    zeros = (0.0,) * (len(BASIS_NAMES) - 1)
+    events = [ProfileEvent(e.kind, e.key, (float(e.nbytes), *zeros) if e.kind == ALLOC else (),
                            e.category, e.phase, e.step) for e in trace.events]
-    flops = {kind: (value, 0.0, 0.0, 0.0, 0.0) for kind, value in trace.flops.items()}
+    flops = {kind: (value, *zeros) for kind, value in trace.flops.items()}
     return StepProfile(layers, events, trace.facts, flops)
 
 
@@ -177,7 +191,7 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
            fixed_blocks: tuple[int, ...] = ()) -> Replay:
     """Replay the profile at (b, s). On CUDA every block is rounded as the caching allocator does and the
     allocator's reserve is simulated; `fixed_blocks` are allocated first (library workspaces)."""
-    _, s1, s2, bs1, bs2 = basis(batch, seq)
+    _, s1, s2, bs1, bs2, b1 = basis(batch, seq)
     allocator = CachingAllocator()
     for size in fixed_blocks:
         allocator.malloc(size)
@@ -189,8 +203,8 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
     for event in profile.events:
         kind = event.kind
         if kind == ALLOC:
-            c0, c1, c2, c3, c4 = event.size
-            raw = round(c0 + c1 * s1 + c2 * s2 + c3 * bs1 + c4 * bs2)
+            c0, c1, c2, c3, c4, c5 = event.size
+            raw = round(c0 + c1 * s1 + c2 * s2 + c3 * bs1 + c4 * bs2 + c5 * b1)
             if raw > 0:
                 if cuda:
                     counted = round_size(raw)

@@ -22,7 +22,7 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.paths import cache_dir
 
-PROFILE_FORMAT = 17  # bump when what a profile holds changes
+PROFILE_FORMAT = 18  # bump when what a profile holds changes
 
 
 @dataclass(frozen=True)
@@ -33,20 +33,31 @@ class ProfilePair:
     deeper: StepProfile
     layers: int
     exact_shape: tuple[int, int] | None  # set when the profiles hold one (b, s) only
+    single: bool | None = None  # from a template: True when it serves micro-batch 1 only, False for 2 and up
+    longest: int | None = None  # from a template: the sliding window it holds below
 
     def covers(self, batch: int, seq: int) -> bool:
+        if self.single is not None and self.single != (batch == 1):
+            return False
+        if self.longest is not None and seq > self.longest:
+            return False
         return self.exact_shape is None or self.exact_shape == (batch, seq)
 
 
 @functools.cache
-def _versions() -> dict[str, str]:
-    found = {"format": str(PROFILE_FORMAT)}
+def library_versions() -> dict[str, str]:
+    """The versions of the libraries whose code a trace runs through."""
+    found = {}
     for package in ("torch", "transformers", "peft"):
         try:
             found[package] = version(package)
         except PackageNotFoundError:
             found[package] = "absent"
     return found
+
+
+def _versions() -> dict[str, str]:
+    return {"format": str(PROFILE_FORMAT), **library_versions()}
 
 
 def sliding_window_offset(config_data: dict[str, Any], seq: int) -> int:
@@ -137,9 +148,44 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
     return pair
 
 
+# Profiles instantiated from templates in this process, by template (its cache file) and the values put in.
+_INSTANTIATED: dict[tuple[Path, str], ProfilePair] = {}
+
+
+def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
+                       ) -> ProfilePair | None:
+    """The profiles from the template of this model's structure (templates.py), or None when no template
+    serves it. No torch is imported unless the template has to be built."""
+    from tunecast.estimate import templates
+
+    if not templates.applies(config_data, settings, seq):
+        return None
+    multi = batch >= 2
+    key = templates.template_key(config_data, settings, multi)
+    instance = (templates.cache_path(key), json.dumps(text_config_data(config_data), sort_keys=True, default=str)
+                + str(settings.adapters.rank))
+    if instance in _INSTANTIATED:
+        return _INSTANTIATED[instance]
+    try:
+        profiles = templates.instantiate(templates.get_template(config_data, settings, multi), config_data,
+                                         settings)
+    except templates.NoTemplate:
+        return None
+    window = text_config_data(config_data).get("sliding_window")
+    pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
+                       longest=window if isinstance(window, int) and window > 0 else None)
+    _INSTANTIATED[instance] = pair
+    return pair
+
+
 def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
                  exact: bool = False) -> ProfilePair:
+    """The profiles for these settings at (batch, seq): from a template where one serves the model, else
+    from the cache, else traced."""
     cached = cached_profiles(config_data, settings, batch, seq)
     if cached is not None and cached.covers(batch, seq):
         return cached
+    templated = templated_profiles(config_data, settings, batch, seq)
+    if templated is not None:
+        return templated
     return trace_profiles(config_data, settings, batch, seq, exact=exact)

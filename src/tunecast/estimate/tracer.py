@@ -16,9 +16,9 @@ from __future__ import annotations
 import gc
 import warnings
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tunecast.estimate.settings import TraceSettings
@@ -28,6 +28,9 @@ ALLOC, FREE, RECLASS = "a", "f", "c"
 CATEGORIES = ("weights", "trainable_weights", "gradients", "optimizer", "activations", "temporaries")
 PHASES = ("setup", "forward", "backward", "optimizer")
 STEPS = 2
+# The figures a trace sums over the measured step's operations (besides FLOPs), for the throughput model.
+SUMMED = ("elementwise_bytes", "moved_bytes", "optimizer_bytes", "random_elements", "transcendental_bytes",
+          "kernels")
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class Trace:
     events: list[Event]
     facts: ModelFacts
     flops: dict[str, float]
+    terms: dict[str, list[Any]] = field(default_factory=dict)
+    """With a reader (a trace at marker dimensions): the polynomial terms of every figure of `flops` and of
+    the facts' sums (`fact_*`), one per tensor or operation; `unread` counts what had no reading."""
+    unread: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,32 @@ class _Recorder:
         self.random_elements = 0  # random numbers drawn (dropout's masks): costly per element on a CPU
         self.transcendental_bytes = 0  # of elementwise_bytes, those written by exp/log/erf-like operations
         self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
+        # With `reader` (a trace at marker dimensions, see symbols.py) every quantity summed above is also
+        # kept as a polynomial: one term per tensor added, read from its size.
+        self.reader: Callable[[int], Any] | None = None
+        self.terms: dict[str, list[Any]] = {}
+        self.unread = 0  # quantities the reader found no reading for
+
+    def add(self, quantity: str, values: list[Any]) -> None:
+        """Add `values` (one per tensor or operation: ints, or Capped lookups) to the running total
+        `quantity`. With a reader, a Capped value is kept as the pair of its readings, in `<quantity>_capped`."""
+        if quantity in SUMMED:
+            setattr(self, quantity, getattr(self, quantity) + sum(int(value) for value in values))
+        if self.reader is None:
+            return
+        for value in values:
+            if isinstance(value, Capped):
+                pair = [[self.reader(n) for n in value.operand], [self.reader(n) for n in value.output]]
+                if any(poly is None for side in pair for poly in side):
+                    self.unread += 1
+                else:
+                    self.terms.setdefault(f"{quantity}_capped", []).append(pair)
+                continue
+            poly = self.reader(int(value))
+            if poly is None:
+                self.unread += 1
+            else:
+                self.terms.setdefault(quantity, []).append(poly)
 
     def track(self, tensor: Any, category: str | None = None) -> int:
         """Record a tensor's storage if it is new; returns the bytes newly allocated (0 if seen)."""
@@ -140,28 +173,26 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
-            written = 0
-            for leaf in tree_leaves(out):
-                if isinstance(leaf, torch.Tensor):
-                    written += recorder.track(leaf)
+            written = [nbytes for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)
+                       if (nbytes := recorder.track(leaf))]
             if not (recorder.counting or recorder.counting_optimizer):
                 return out
             kernel = _launches_kernel(func)
             if recorder.counting_optimizer and kernel:
-                recorder.optimizer_bytes += moved_bytes(func, args, kwargs or {}, out)
+                recorder.add("optimizer_bytes", moved_parts(func, args, kwargs or {}, out))
             if recorder.counting:
                 name = func.overloadpacket.__name__
                 if name not in _COMPUTE_OPS:
-                    recorder.elementwise_bytes += written
+                    recorder.add("elementwise_bytes", written)
                     if kernel:
-                        recorder.moved_bytes += moved_bytes(func, args, kwargs or {}, out)
+                        recorder.add("moved_bytes", moved_parts(func, args, kwargs or {}, out))
                 if name.startswith(_TRANSCENDENTAL_OPS):
-                    recorder.transcendental_bytes += written
+                    recorder.add("transcendental_bytes", written)
                 if name.startswith(_RANDOM_OPS):
-                    recorder.random_elements += sum(leaf.numel() for leaf in tree_leaves(out)
-                                                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point())
+                    recorder.add("random_elements", [leaf.numel() for leaf in tree_leaves(out)
+                                                     if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()])
                 if kernel:
-                    recorder.kernels += 1
+                    recorder.add("kernels", [1])
             return out
 
     return Recording()
@@ -184,28 +215,49 @@ def moved_bytes(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     (the operator schema says which), and every new tensor it returns. Lookups (embedding, gather, the loss's
     pick of each target's log-probability) read only as much of their table as they write; an operand used
     only for its shape (`zeros_like`, the target of `copy_` or `fill_`) is not read."""
+    return sum(int(part) for part in moved_parts(func, args, kwargs, out))
+
+
+def moved_parts(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int | Capped]:
+    """The terms of `moved_bytes`, one per tensor read or written (a lookup's read as a Capped pair)."""
     import torch
     from torch.utils._pytree import tree_leaves
 
     name = func.overloadpacket.__name__
     schema = func._schema
-    written = read = 0
+    parts: list[int | Capped] = []
     shape_only = _SHAPE_ONLY_ARGUMENT.get(name)
-    out_bytes = sum(_tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+    outputs = [_tensor_bytes(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
     for index, argument in enumerate(schema.arguments):
         value = args[index] if index < len(args) else kwargs.get(argument.name)
-        tensors = [t for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
-        size = sum(_tensor_bytes(t) for t in tensors)
+        sizes = [_tensor_bytes(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
         mutated = argument.alias_info is not None and argument.alias_info.is_write
         if mutated:
-            written += size
+            parts += sizes
         if index == shape_only:
             continue
-        read += min(size, out_bytes) if name in _LOOKUP_OPS else size
+        if name in _LOOKUP_OPS and sizes:
+            parts.append(Capped(tuple(sizes), tuple(outputs)))  # reads at most as much of its table as it writes
+        else:
+            parts += sizes
     for value, returned in zip(out if isinstance(out, tuple) else (out,), schema.returns, strict=False):
         if returned.alias_info is None:  # a new tensor, not an operand returned again
-            written += sum(_tensor_bytes(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor))
-    return written + read
+            parts += [_tensor_bytes(t) for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return [part for part in parts if part]
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A lookup's read: the bytes of its operand, at most the bytes it writes (`int()` gives the figure)."""
+
+    operand: tuple[int, ...]
+    output: tuple[int, ...]
+
+    def __int__(self) -> int:
+        return min(sum(self.operand), sum(self.output))
+
+    def __bool__(self) -> bool:
+        return int(self) > 0
 
 
 def _fakeify(model: Any, mode: Any) -> None:
@@ -254,7 +306,21 @@ def _linear_shape(module: Any) -> tuple[int, int, bool] | None:
 def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
     import torch
 
-    from tunecast.train.setup import decoder_layers, param_dtype
+    from tunecast.train.setup import param_dtype
+
+    parts = fact_parts(model)
+    element = torch.empty((), dtype=param_dtype(settings.precision)).element_size()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return facts_from_parts(parts, attention=str(base.config._attn_implementation), param_dtype_bytes=element)
+
+
+def fact_parts(model: Any) -> dict[str, list[Any]]:
+    """The numbers ModelFacts is made of: the element counts of the frozen decoder Linear weights, of the
+    trainable tensors, of the first layer's parameters (with their element sizes), the first layer's Linear
+    shapes and the output head's."""
+    import torch
+
+    from tunecast.train.setup import decoder_layers
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = decoder_layers(model)
@@ -264,25 +330,33 @@ def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
             weight = getattr(module, "weight", None)
             if isinstance(module, torch.nn.Linear) and weight is not None and not weight.requires_grad:
                 quantizable.append(weight.numel())
-    trainable = [p for p in model.parameters() if p.requires_grad]
     first = list(layers[0].parameters()) if layers else []
-    linears = tuple(shape for m in (layers[0].modules() if layers else ()) if (shape := _linear_shape(m)))
     head = base.get_output_embeddings()
-    head_linear = (head.in_features, head.out_features, bool(head.weight.requires_grad)) \
-        if isinstance(head, torch.nn.Linear) else (0, 0, False)
-    element = torch.empty((), dtype=param_dtype(settings.precision)).element_size()
+    head_linear = [head.in_features, head.out_features, bool(head.weight.requires_grad)] \
+        if isinstance(head, torch.nn.Linear) else [0, 0, False]
+    return {
+        "quantizable": quantizable,
+        "trainable": [p.numel() for p in model.parameters() if p.requires_grad],
+        "layer": [[p.numel(), p.element_size()] for p in first],
+        "linears": [list(shape) for m in (layers[0].modules() if layers else ()) if (shape := _linear_shape(m))],
+        "head": head_linear,
+    }
+
+
+def facts_from_parts(parts: dict[str, list[Any]], *, attention: str, param_dtype_bytes: int) -> ModelFacts:
+    quantizable, trainable = parts["quantizable"], parts["trainable"]
     return ModelFacts(
-        attention=str(base.config._attn_implementation),
+        attention=attention,
         quantizable_numel=sum(quantizable),
         largest_quantizable_numel=max(quantizable, default=0),
-        trainable_numel=sum(p.numel() for p in trainable),
-        trainable_small_numel=sum(p.numel() for p in trainable if p.numel() < 4096),
+        trainable_numel=sum(trainable),
+        trainable_small_numel=sum(n for n in trainable if n < 4096),
         trainable_tensors=len(trainable),
-        layer_numel=sum(p.numel() for p in first),
-        layer_bytes=sum(p.numel() * p.element_size() for p in first),
-        param_dtype_bytes=element,
-        layer_linears=linears,
-        head_linear=head_linear,
+        layer_numel=sum(n for n, _ in parts["layer"]),
+        layer_bytes=sum(n * size for n, size in parts["layer"]),
+        param_dtype_bytes=param_dtype_bytes,
+        layer_linears=tuple((int(a), int(b), bool(t)) for a, b, t in parts["linears"]),
+        head_linear=(int(parts["head"][0]), int(parts["head"][1]), bool(parts["head"][2])),
     )
 
 
@@ -385,20 +459,38 @@ def _no_gc() -> Iterator[None]:
 
 
 def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
-               count_flops: bool = True) -> Trace:
+               count_flops: bool = True, reader: Callable[[int], Any] | None = None) -> Trace:
     """Two training steps of `config_data`'s model at micro-batch `batch`, length `seq`; with `count_flops`
-    a third forward and backward pass under FlopCounterMode (`flops` holds matmul and attention FLOPs)."""
+    a third forward and backward pass under FlopCounterMode (`flops` holds matmul and attention FLOPs).
+    With `reader` (for a model at marker dimensions) every summed figure also keeps its terms."""
     with warnings.catch_warnings():
         # Deprecation notices of the libraries traced through are for their maintainers, not our users.
         warnings.simplefilter("ignore")
-        return _trace_step(config_data, settings, batch, seq, count_flops)
+        return _trace_step(config_data, settings, batch, seq, count_flops, reader)
+
+
+def _flop_counter(recorder: _Recorder) -> Any:
+    """torch's FlopCounterMode; with a reader, one that also keeps each operation's count as a term."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    if recorder.reader is None:
+        return FlopCounterMode(display=False)
+
+    class Counting(FlopCounterMode):
+        def _count_flops(self, func_packet, out, args, kwargs):  # type: ignore[no-untyped-def]
+            if func_packet in self.flop_registry:
+                count = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+                kind = "attention" if any(name in str(func_packet) for name in _ATTENTION_OPS) else "matmul"
+                recorder.add(f"flops_{kind}", [int(count)])
+            return super()._count_flops(func_packet, out, args, kwargs)
+
+    return Counting(display=False)
 
 
 def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int,
-                count_flops: bool) -> Trace:
+                count_flops: bool, reader: Callable[[int], Any] | None) -> Trace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     from tunecast.train.setup import make_optimizer
     from tunecast.train.step import forward_backward
@@ -409,6 +501,14 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
     mode = FakeTensorMode()
     _fakeify(model, mode)
     recorder = _Recorder()
+    recorder.reader = reader
+    if reader is not None:
+        parts = fact_parts(model)
+        for name in ("quantizable", "trainable"):
+            recorder.terms[f"fact_{name}"] = [reader(n) for n in parts[name]]
+        recorder.terms["fact_layer"] = [[reader(n), size] for n, size in parts["layer"]]
+        recorder.terms["fact_linears"] = [[reader(a), reader(b), t] for a, b, t in parts["linears"]]
+        recorder.terms["fact_head"] = [reader(parts["head"][0]), reader(parts["head"][1]), parts["head"][2]]
     params = [p for p in model.parameters() if p.requires_grad]
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     head = base.get_output_embeddings()
@@ -468,7 +568,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                 events = recorder.close()
             # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps tensors alive, which would
             # change what checkpointing frees in the traced steps.
-            counter = FlopCounterMode(display=False)
+            counter = _flop_counter(recorder)
             if count_flops:
                 with counter:
                     forward_backward(model, input_ids, labels, precision=settings.precision,
@@ -478,9 +578,5 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
         for hook in hooks:
             hook.remove()
     flops = _split_flops(counter) if count_flops else {}
-    return Trace(events, facts, {**flops, "elementwise_bytes": float(recorder.elementwise_bytes),
-                                 "moved_bytes": float(recorder.moved_bytes),
-                                 "optimizer_bytes": float(recorder.optimizer_bytes),
-                                 "random_elements": float(recorder.random_elements),
-                                 "transcendental_bytes": float(recorder.transcendental_bytes),
-                                 "kernels": float(recorder.kernels)})
+    sums = {name: float(getattr(recorder, name)) for name in SUMMED}
+    return Trace(events, facts, {**flops, **sums}, recorder.terms, recorder.unread)

@@ -1,0 +1,74 @@
+"""Build the step templates tunecast ships (src/tunecast/estimate/data/templates/), so that a cold
+`tunecast memory` or `tunecast plan` of a catalog model in common settings traces nothing.
+
+A template serves every model of one structure at any rank, vocabulary, width, micro-batch and length
+(docs/memory.md, "Speed"); this builds one per structure of the catalog's dense models, for LoRA (without and
+with adapter dropout) and full fine-tuning, checkpointing on and off, micro-batch 1 and 2+, in the default
+precision, attention and optimizer. Templates are keyed by the torch, transformers and peft versions: rebuild
+them when those change.
+
+Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...]     (about 15 s a template)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+from tunecast.catalog.store import load_catalog
+from tunecast.config.spec import RunSpec
+from tunecast.estimate import templates
+from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.shape import text_config_data
+
+OUT = Path(__file__).resolve().parent.parent / "src" / "tunecast" / "estimate" / "data" / "templates"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="*", help="catalog names (default: every dense catalog model)")
+    args = parser.parse_args()
+    catalog = load_catalog(None)
+    names = args.models or catalog.models.names
+    OUT.mkdir(parents=True, exist_ok=True)
+    wanted: dict[str, tuple[str, dict, TraceSettings, bool]] = {}
+    for name in names:
+        model = catalog.models.find(name)
+        if model is None:
+            print(f"{name}: not in the catalog", file=sys.stderr)
+            return 2
+        data = text_config_data(model.data)
+        for method, dropout in (("lora", 0.0), ("lora", 0.05), ("full", 0.0)):
+            for checkpointing in (False, True):
+                spec = RunSpec.model_validate({"model": name, "method": method, "lora": {"dropout": dropout}})
+                settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
+                if not templates.applies(data, settings, 1):
+                    continue
+                for multi in (False, True):
+                    key = templates.template_key(data, settings, multi)
+                    wanted.setdefault(key, (name, data, settings, multi))
+    kept = {path.name.removesuffix(".json.gz") for path in OUT.glob("*.json.gz")}
+    for key, (name, data, settings, multi) in wanted.items():
+        if key in kept:
+            continue
+        started = time.perf_counter()
+        built = templates.build_template(data, settings, multi)
+        what = f"{name} {settings.method} checkpointing={settings.grad_checkpointing} multi={multi}"
+        if built is None:
+            print(f"{what}: no template (a size had no reading, or the check trace differed)", file=sys.stderr)
+            continue
+        (OUT / f"{key}.json.gz").write_bytes(gzip.compress(json.dumps(built, separators=(",", ":")).encode(), 9))
+        print(f"{what}: {key} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    stale = kept - set(wanted)
+    for key in stale:
+        (OUT / f"{key}.json.gz").unlink()
+    print(f"{len(wanted)} templates for {len(names)} models; {len(stale)} stale removed", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

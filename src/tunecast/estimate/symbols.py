@@ -1,0 +1,200 @@
+"""Sizes as polynomials in a model's dimensions, read off one trace at marker dimensions (no torch here).
+
+A traced model whose dimensions are distinct primes — key-value heads, query heads per key-value head,
+half the head size, hidden size per head, intermediate size, vocabulary, LoRA rank, micro-batch, length —
+allocates tensors whose byte counts factor uniquely into those primes and a small constant (the element
+size, a factor of two): `b·s·V·4` is the fp32 logits, `2·hd2·kv·x·g·2` a bf16 key projection weight.
+A size that is not one product (the loss's labels padded by one position, `8·b·(s+1)`) has factors one
+away from a marker, and is read as that product of sums. Every reading is checked against a second trace
+at other primes before it is used (see templates.py), so a misreading is never silent.
+
+A polynomial is a tuple of terms `(coefficient, exponents)`, the exponents one per VARIABLES entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+VARIABLES = ("kv", "g", "hd2", "x", "i", "V", "r", "b", "s")
+Term = tuple[int, tuple[int, ...]]
+Poly = tuple[Term, ...]
+
+# Constants a size may carry besides the dimensions: element sizes, small factors (a fused gate and up
+# projection's 2, attention's backward's 5 matmuls).
+_CONSTANTS = frozenset(2 ** a * 3 ** c * 5 ** f for a in range(10) for c in range(3) for f in range(2))
+# Two marker sets. The first is read from: distinct primes above 5 (so that none is taken for a constant),
+# small where a dimension is materialised (peft builds LoRA matrices, rank × width, as real tensors before
+# moving them to the meta device), half the head size in the range real heads have (kernels choose by head
+# size). Micro-batch and length may also appear off by one (the loss's labels padded by one position,
+# `b·(s + 1)`): their neighbours (±1) each have a prime factor above 5 that no marker and no other
+# neighbour has, so that `s + 1` is told from a constant and from another dimension. The second set only
+# checks a reading, at other values in another order.
+MARKERS = {"kv": 7, "g": 11, "hd2": 37, "x": 13, "i": 17, "V": 19, "r": 23, "b": 173, "s": 283}
+CHECK_MARKERS = {"kv": 5, "g": 3, "hd2": 41, "x": 53, "i": 47, "V": 61, "r": 9, "b": 4, "s": 71}
+_SHIFTED = ("b", "s")  # the variables that may appear off by one
+_OFFSETS = (1, -1)
+
+# Model types whose attention and MLP are sized by these dimensions (separate q, k, v, o projections; a
+# gated or plain MLP of one intermediate size), and the config keys that hold them.
+DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+# Config entries that do not change which tensors a training step allocates (token ids, numerical
+# constants, bookkeeping): left out of the structure a template is keyed on.
+_INERT_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "initializer_range",
+                         "rope_theta", "torch_dtype", "dtype", "transformers_version", "max_position_embeddings",
+                         "_name_or_path", "architectures", "use_cache", "max_window_layers"})
+_DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                   "vocab_size")
+
+
+def one(exponents: Mapping[str, int], coefficient: int = 1) -> Poly:
+    return ((coefficient, tuple(exponents.get(name, 0) for name in VARIABLES)),)
+
+
+def multiply(a: Poly, b: Poly) -> Poly:
+    product: dict[tuple[int, ...], int] = {}
+    for ca, ea in a:
+        for cb, eb in b:
+            exponents = tuple(x + y for x, y in zip(ea, eb, strict=True))
+            product[exponents] = product.get(exponents, 0) + ca * cb
+    return normalise(product.items())
+
+
+def add(polys: Iterable[Poly]) -> Poly:
+    total: dict[tuple[int, ...], int] = {}
+    for poly in polys:
+        for coefficient, exponents in poly:
+            total[exponents] = total.get(exponents, 0) + coefficient
+    return normalise(total.items())
+
+
+def normalise(terms: Iterable[tuple[tuple[int, ...], int]]) -> Poly:
+    return tuple(sorted(((c, e) for e, c in terms if c), key=lambda term: term[1]))
+
+
+def evaluate(poly: Poly, values: Mapping[str, int]) -> int:
+    point = [values.get(name, 1) for name in VARIABLES]
+    total = 0
+    for coefficient, exponents in poly:
+        term = coefficient
+        for value, power in zip(point, exponents, strict=True):
+            if power:
+                term *= value ** power
+        total += term
+    return total
+
+
+def factor(n: int, markers: Mapping[str, int], depth: int = 2) -> Poly | None:
+    """`n` as a product of the markers' variables, their sums with small offsets, and a small constant;
+    None when it is none of these (the caller then has no reading of it)."""
+    if n == 0:
+        return ()
+    exponents: dict[str, int] = {}
+    rest = n
+    for name, prime in markers.items():
+        while rest % prime == 0:
+            rest //= prime
+            exponents[name] = exponents.get(name, 0) + 1
+    if rest in _CONSTANTS:
+        return one(exponents, rest)
+    if depth == 0:
+        return None
+    for name, prime in markers.items():
+        if name not in _SHIFTED:
+            continue
+        for offset in _OFFSETS:
+            shifted = prime + offset
+            if shifted > 1 and rest % shifted == 0:
+                inner = factor(rest // shifted, markers, depth - 1)
+                if inner is not None:
+                    linear = add((one({name: 1}), one({}, offset)))
+                    return multiply(multiply(inner, linear), one(exponents))
+    return None
+
+
+def to_json(poly: Poly) -> list[list[Any]]:
+    return [[c, list(e)] for c, e in poly]
+
+
+def from_json(data: list[list[Any]]) -> Poly:
+    return tuple((int(c), tuple(e)) for c, e in data)
+
+
+def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
+    """The variables of a dense model's config (kv heads, heads per kv head, half head size, hidden size per
+    head, intermediate size, vocabulary), or None when its sizes are not of that form."""
+    if config.get("model_type") not in DENSE_TYPES:
+        return None
+    try:
+        heads = int(config["num_attention_heads"])
+        kv = int(config.get("num_key_value_heads") or heads)
+        hidden = int(config["hidden_size"])
+        head_dim = int(config.get("head_dim") or hidden // heads)
+        values = {"kv": kv, "g": heads // kv, "hd2": head_dim // 2, "x": hidden // heads,
+                  "i": int(config["intermediate_size"]), "V": int(config["vocab_size"])}
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if heads % kv or head_dim % 2 or hidden % heads:
+        return None
+    return values
+
+
+def structure(config: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a config decides the operations of a step, beyond its dimensions: the other entries, and
+    which dimensions coincide (grouped-query or not, head size given or derived from the hidden size)."""
+    values = dense_dimensions(config) or {}
+    inert = _INERT_KEYS if config.get("use_sliding_window") is not True else _INERT_KEYS - {"max_window_layers"}
+    kept = {k: v for k, v in config.items() if k not in inert and k not in _DIMENSION_KEYS}
+    kept["_grouped"] = values.get("g", 1) > 1
+    kept["_head_dim_given"] = bool(config.get("head_dim"))
+    return kept
+
+
+def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict[str, Any]:
+    """`config` with its dimensions replaced by the markers', keeping its structure (which dimensions
+    coincide): one query head per key-value head stays so, a derived head size stays derived."""
+    shaped = dict(config)
+    grouped = structure(config)["_grouped"]
+    groups = markers["g"] if grouped else 1
+    heads = markers["kv"] * groups
+    shaped["num_key_value_heads"] = markers["kv"]
+    shaped["num_attention_heads"] = heads
+    if config.get("head_dim"):
+        shaped["head_dim"] = 2 * markers["hd2"]
+        shaped["hidden_size"] = heads * markers["x"]
+    else:  # the head size is the hidden size per head: one marker serves both
+        shaped["hidden_size"] = heads * 2 * markers["hd2"]
+    shaped["intermediate_size"] = markers["i"]
+    shaped["vocab_size"] = markers["V"]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        shaped[key] = None
+    return shaped
+
+
+def variable_values(config: Mapping[str, Any], rank: int, batch: int | None) -> dict[str, int] | None:
+    """Values of every variable for a real config: its dimensions, the LoRA rank and, for templates of
+    micro-batches of two or more, the micro-batch (the length stays a variable of the profile)."""
+    values = dense_dimensions(config)
+    if values is None:
+        return None
+    if not config.get("head_dim"):
+        values["x"] = 1  # folded into hd2: the hidden size per head is the head size
+    if not structure(config)["_grouped"]:
+        values["g"] = 1
+    values["r"] = rank
+    if batch is not None:
+        values["b"] = batch
+    return values
+
+
+def marker_values(config: Mapping[str, Any], markers: Mapping[str, int], *, multi: bool) -> dict[str, int]:
+    """The variables' values in a marker config: the markers, less those folded away (as in
+    `variable_values`), which are left out so that factoring does not look for them."""
+    values = dict(markers)
+    if not config.get("head_dim"):
+        del values["x"]
+    if not structure(config)["_grouped"]:
+        del values["g"]
+    if not multi:
+        del values["b"]
+    return values

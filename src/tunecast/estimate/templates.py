@@ -1,0 +1,314 @@
+"""Step templates: one trace of a model at marker dimensions serves every model of the same structure.
+
+A template holds the allocation events of a traced step with every size as a polynomial in the model's
+dimensions, the LoRA rank, the micro-batch and the length (symbols.py reads them off a trace whose
+dimensions are distinct primes), and the same for the figures the throughput model sums and the facts the
+memory model reads. Instantiating it for a real config is arithmetic: no torch, no transformers, no trace.
+
+A template is trusted only after it reproduced, byte for byte, a second trace at other primes (a
+different rank, vocabulary, head layout, micro-batch and length); one that does not is recorded as
+failed and the caller traces the model itself (profiles.py). So a template claims exactness wherever it
+is used. Templates exist for micro-batches of two or more (b a variable) and for a micro-batch of one
+(b = 1 takes a few different operations), below any sliding window.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from tunecast.atomic import write_text_atomic
+from tunecast.estimate import symbols
+from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile
+from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
+from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
+from tunecast.paths import cache_dir
+
+TEMPLATE_FORMAT = 1
+# The basis slot of each (b, s) exponent pair a size may have.
+_SLOTS = {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 1): 3, (1, 2): 4, (1, 0): 5}
+_B, _S = symbols.VARIABLES.index("b"), symbols.VARIABLES.index("s")
+
+
+class NoTemplate(Exception):
+    """No template serves this model and these settings: the caller traces the model itself."""
+
+
+def depths(config_data: dict[str, Any]) -> tuple[int, ...]:
+    """The shallow depths traced: 4 and 8 periods of the layer pattern, or the whole model when shorter."""
+    period = layer_period(config_data)
+    full = num_layers(config_data)
+    return (4 * period, 8 * period) if full > 8 * period else (full,)
+
+
+def _marker_settings(settings: TraceSettings, markers: dict[str, int]) -> TraceSettings:
+    if settings.method == "full":
+        return settings
+    from dataclasses import replace
+
+    return replace(settings, adapters=replace(settings.adapters, rank=markers["r"]))
+
+
+@functools.cache
+def _versions() -> dict[str, str]:
+    from tunecast.estimate.profiles import library_versions
+
+    return {**library_versions(), "template_format": str(TEMPLATE_FORMAT)}
+
+
+def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> str:
+    """What a template depends on: the model's structure (not its dimensions), the settings but the LoRA
+    rank, the micro-batch regime, the depths traced and the library versions."""
+    chosen = depths(config_data)
+    shallow = shallow_config_data(config_data, chosen[-1])
+    shape = {k: v for k, v in symbols.structure(shallow).items() if k != "num_hidden_layers"}
+    fields = asdict(settings)
+    if settings.method == "qlora":  # the same step as LoRA's: NF4 weights are modelled on it (memory.py)
+        fields["method"] = "lora"
+    if settings.method == "full":
+        fields.pop("adapters")
+    else:  # the rank is a variable; the scale alpha / rank changes no size; any dropout draws the same masks
+        fields["adapters"].update(rank="r", alpha=None, dropout=settings.adapters.dropout > 0)
+    payload = json.dumps({"structure": shape, "settings": fields, "multi": multi, "depths": chosen,
+                          "versions": _versions()}, sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def applies(config_data: dict[str, Any], settings: TraceSettings, seq: int) -> bool:
+    """Whether a template may serve this config: a dense model whose sizes the variables describe, a
+    length below any sliding window (masks differ above it), and not the chunked loss (its number of
+    chunks depends on the length)."""
+    config = text_config_data(config_data)
+    if symbols.dense_dimensions(config) is None or settings.loss == "chunked":
+        return False
+    window = config.get("sliding_window")
+    return not (isinstance(window, int) and window > 0 and seq > window)
+
+
+def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
+    """A traced step at marker dimensions as polynomials; None when a size has no reading."""
+    if trace.unread:
+        return None
+    events = []
+    for event in trace.events:
+        poly: symbols.Poly = ()
+        if event.kind == ALLOC:
+            read = reader(event.nbytes)
+            if read is None:
+                return None
+            poly = read
+        events.append([event.kind, event.key, symbols.to_json(poly), event.category, event.phase, event.step])
+    summed = {name: terms for name, terms in trace.terms.items() if not name.startswith("fact_")}
+    sums = {name: symbols.to_json(symbols.add(terms)) for name, terms in summed.items()
+            if not name.endswith("_capped")}
+    capped = {name.removesuffix("_capped"): [[symbols.to_json(symbols.add(side)) for side in pair] for pair in terms]
+              for name, terms in summed.items() if name.endswith("_capped")}
+    facts = _facts_terms(trace.terms)
+    if facts is None:
+        return None
+    return {"events": events, "sums": sums, "capped": capped, "facts": facts, "attention": trace.facts.attention,
+            "param_dtype_bytes": trace.facts.param_dtype_bytes}
+
+
+def _facts_terms(terms: dict[str, Any]) -> dict[str, Any] | None:
+    flat = [*terms["fact_quantizable"], *terms["fact_trainable"], *(p for p, _ in terms["fact_layer"]),
+            *(p for a, b, _ in terms["fact_linears"] for p in (a, b)), *terms["fact_head"][:2]]
+    if any(p is None for p in flat):
+        return None
+    return {
+        "quantizable": [symbols.to_json(p) for p in terms["fact_quantizable"]],
+        "trainable": [symbols.to_json(p) for p in terms["fact_trainable"]],
+        "layer": [[symbols.to_json(p), size] for p, size in terms["fact_layer"]],
+        "linears": [[symbols.to_json(a), symbols.to_json(b), t] for a, b, t in terms["fact_linears"]],
+        "head": [symbols.to_json(terms["fact_head"][0]), symbols.to_json(terms["fact_head"][1]),
+                 terms["fact_head"][2]],
+    }
+
+
+def _coefficients(poly: symbols.Poly, values: dict[str, int]) -> tuple[float, ...] | None:
+    """A polynomial's coefficients over the profile basis once every variable but b and s has its value."""
+    slots = [0] * len(BASIS_NAMES)
+    for coefficient, exponents in poly:
+        slot = _SLOTS.get((exponents[_B], exponents[_S]))
+        if slot is None:
+            return None
+        rest = {name: values[name] for name in values if name not in ("b", "s")}
+        slots[slot] += symbols.evaluate(((coefficient, tuple(0 if i in (_B, _S) else e
+                                                             for i, e in enumerate(exponents))),), rest)
+    return tuple(float(c) for c in slots)
+
+
+def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]) -> StepProfile:
+    events = []
+    for kind, key, poly, category, phase, step in data["events"]:
+        size: tuple[float, ...] = ()
+        if kind == ALLOC:
+            coefficients = _coefficients(symbols.from_json(poly), values)
+            if coefficients is None:
+                raise NoTemplate("a size outside the profile's basis")
+            size = coefficients
+        events.append(ProfileEvent(kind, key, size, category, phase, step))
+    flops = {}
+    for name, poly in data["sums"].items():
+        coefficients = _coefficients(symbols.from_json(poly), values)
+        if coefficients is None:
+            raise NoTemplate("a summed figure outside the profile's basis")
+        flops[name.removeprefix("flops_")] = coefficients
+    for name in ("matmul", "attention", *SUMMED):
+        flops.setdefault(name, (0.0,) * len(BASIS_NAMES))
+    capped = {}
+    for name, pairs in data["capped"].items():
+        read = [tuple(_coefficients(symbols.from_json(side), values) for side in pair) for pair in pairs]
+        if any(side is None for pair in read for side in pair):
+            raise NoTemplate("a lookup's size outside the profile's basis")
+        capped[name] = read
+    return StepProfile(layers, events, _instantiate_facts(data, values), flops, capped)  # type: ignore[arg-type]
+
+
+def _instantiate_facts(data: dict[str, Any], values: dict[str, int]) -> ModelFacts:
+    facts = data["facts"]
+
+    def value(poly: Any) -> int:
+        return symbols.evaluate(symbols.from_json(poly), values)
+
+    parts: dict[str, Any] = {
+        "quantizable": [value(p) for p in facts["quantizable"]],
+        "trainable": [value(p) for p in facts["trainable"]],
+        "layer": [[value(p), size] for p, size in facts["layer"]],
+        "linears": [[value(a), value(b), t] for a, b, t in facts["linears"]],
+        "head": [value(facts["head"][0]), value(facts["head"][1]), facts["head"][2]],
+    }
+    return facts_from_parts(parts, attention=data["attention"], param_dtype_bytes=data["param_dtype_bytes"])
+
+
+def instantiate(template: dict[str, Any], config_data: dict[str, Any], settings: TraceSettings
+                ) -> list[StepProfile]:
+    """The profiles (one per traced depth) of a real config, from its template."""
+    config = text_config_data(config_data)
+    rank = settings.adapters.rank if settings.method != "full" else 1
+    values = symbols.variable_values(config, rank, None)
+    if values is None:
+        raise NoTemplate("the config's dimensions are not of the template's form")
+    return [_instantiate_depth(data, layers, values) for layers, data in zip(template["depths"],
+                                                                              template["profiles"], strict=True)]
+
+
+def _trace_at(config_data: dict[str, Any], settings: TraceSettings, markers: dict[str, int], multi: bool,
+              layers: int, reader: Any) -> Trace:
+    from tunecast.estimate.tracer import trace_step
+
+    shaped = symbols.marker_config(shallow_config_data(config_data, layers), markers)
+    batch = markers["b"] if multi else 1
+    return trace_step(shaped, _marker_settings(settings, markers), batch, markers["s"], reader=reader)
+
+
+def _same(profile: StepProfile, trace: Trace, batch: int, seq: int) -> bool:
+    """The template's profile evaluated at (batch, seq) equals the trace: every event, sum and fact."""
+    from tunecast.estimate.profile import basis
+
+    terms = basis(batch, seq)
+    if len(profile.events) != len(trace.events):
+        return False
+    for expected, got in zip(profile.events, trace.events, strict=True):
+        if (expected.kind, expected.key, expected.category, expected.phase, expected.step) != \
+                (got.kind, got.key, got.category, got.phase, got.step):
+            return False
+        if got.kind == ALLOC and round(sum(c * t for c, t in zip(expected.size, terms, strict=True))) != got.nbytes:
+            return False
+    sums = profile.flops_at(batch, seq)
+    if any(round(sums.get(name, 0.0)) != round(value) for name, value in trace.flops.items()):
+        return False
+    return profile.facts == trace.facts
+
+
+def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> dict[str, Any] | None:
+    """Trace the marker model at every depth, read the sizes, and check the reading against a trace at
+    the other markers; the template, or None when a size has no reading or the check fails."""
+    config = text_config_data(config_data)
+    active = symbols.marker_values(config, symbols.MARKERS, multi=multi)
+
+    def reader(n: int) -> symbols.Poly | None:
+        return symbols.factor(n, active)
+
+    chosen = depths(config_data)
+    profiles = []
+    for layers in chosen:
+        read = _read_trace(_trace_at(config_data, settings, symbols.MARKERS, multi, layers, reader), reader)
+        if read is None:
+            return None
+        profiles.append(read)
+    template = {"depths": list(chosen), "profiles": profiles, "multi": multi}
+    check = symbols.CHECK_MARKERS
+    shallow = shallow_config_data(config_data, chosen[0])
+    values = symbols.variable_values(symbols.marker_config(text_config_data(shallow), check),
+                                     check["r"] if settings.method != "full" else 1, None)
+    if values is None:
+        return None
+    expected = _instantiate_depth(profiles[0], chosen[0], values)
+    batch = check["b"] if multi else 1
+    traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
+    return template if _same(expected, traced, batch, check["s"]) else None
+
+
+def cache_path(key: str) -> Path:
+    return cache_dir() / "templates" / f"{key}.json"
+
+
+def _shipped(key: str) -> dict[str, Any] | None:
+    """A template shipped with tunecast (built by scripts/build_templates.py), or None."""
+    try:
+        data = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.gz").read_bytes()
+    except (FileNotFoundError, OSError, ModuleNotFoundError):
+        return None
+    loaded: dict[str, Any] = json.loads(gzip.decompress(data))
+    return loaded
+
+
+# Templates read in this process, by cache file.
+_READ: dict[Path, dict[str, Any]] = {}
+
+
+def cached_template(key: str) -> dict[str, Any] | None:
+    """A template from this process, tunecast's shipped ones or the cache; {"failed": ...} records a
+    structure no template serves."""
+    path = cache_path(key)
+    if path in _READ:
+        return _READ[path]
+    found = _shipped(key)
+    if found is None and path.is_file():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError):
+            found = None  # a damaged entry is rebuilt
+    if found is not None:
+        _READ[path] = found
+    return found
+
+
+def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> dict[str, Any]:
+    """The template for this structure and these settings, built (and cached) on first use."""
+    from tunecast.estimate.profiles import TracingUnavailable
+    from tunecast.estimate.tracer import tracing_available
+
+    key = template_key(config_data, settings, multi)
+    found = cached_template(key)
+    if found is None:
+        missing = tracing_available()
+        if missing is not None:
+            raise TracingUnavailable(missing)
+        built = build_template(config_data, settings, multi)
+        found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
+        if os.environ.get("TUNECAST_NO_CACHE") != "1":
+            write_text_atomic(cache_path(key), json.dumps(found))
+        _READ[cache_path(key)] = found
+    if "failed" in found:
+        raise NoTemplate(found["failed"])
+    return found
