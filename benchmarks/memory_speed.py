@@ -22,8 +22,9 @@ from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks" / "memory-speed.md"
+# Templated families (shipped templates) and two families still traced (gemma2, gpt_oss), to show both.
 MODELS = ["Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B", "mistralai/Mixtral-8x7B-v0.1", "meta-llama/Llama-3.1-70B",
-          "Qwen/Qwen3-235B-A22B", "meta-llama/Llama-3.1-405B"]
+          "Qwen/Qwen3-235B-A22B", "meta-llama/Llama-3.1-405B", "google/gemma-2-9b", "openai/gpt-oss-20b"]
 ARGS = ["--method", "lora", "--micro-batch", "1", "--seq-len", "2048", "--json"]
 
 

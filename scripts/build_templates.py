@@ -2,10 +2,10 @@
 `tunecast memory` or `tunecast plan` of a catalog model in common settings traces nothing.
 
 A template serves every model of one structure at any rank, vocabulary, width, micro-batch and length
-(docs/memory.md, "Speed"); this builds one per structure of the catalog's dense models, for LoRA (without and
-with adapter dropout) and full fine-tuning, checkpointing on and off, micro-batch 1 and 2+, in the default
-precision, attention and optimizer. Templates are keyed by the torch, transformers and peft versions: rebuild
-them when those change.
+(docs/memory.md, "Speed"); this builds one per structure of the catalog's dense and mixture-of-experts models,
+for LoRA (without and with adapter dropout) and full fine-tuning, checkpointing on and off, micro-batch 1 and
+2+, in the default precision, attention and optimizer. Templates are keyed by the torch, transformers and peft
+versions: rebuild them when those change.
 
 Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...]     (about 15 s a template)
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import lzma
 import sys
 import time
 from pathlib import Path
@@ -26,11 +27,17 @@ from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import text_config_data
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "tunecast" / "estimate" / "data" / "templates"
+SUFFIX = ".json.xz"
+
+
+def _write(key: str, template: dict) -> None:
+    data = json.dumps(template, separators=(",", ":")).encode()
+    (OUT / f"{key}{SUFFIX}").write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", help="catalog names (default: every dense catalog model)")
+    parser.add_argument("--models", nargs="*", help="catalog names (default: every catalog model a template serves)")
     args = parser.parse_args()
     catalog = load_catalog(None)
     names = args.models or catalog.models.names
@@ -51,21 +58,29 @@ def main() -> int:
                 for multi in (False, True):
                     key = templates.template_key(data, settings, multi)
                     wanted.setdefault(key, (name, data, settings, multi))
-    kept = {path.name.removesuffix(".json.gz") for path in OUT.glob("*.json.gz")}
+    for old in OUT.glob("*.json.gz"):  # the earlier format: recompressed (xz holds a template in about half)
+        _write(old.name.removesuffix(".json.gz"), json.loads(gzip.decompress(old.read_bytes())))
+        old.unlink()
+    kept = {path.name.removesuffix(SUFFIX) for path in OUT.glob(f"*{SUFFIX}")}
     for key, (name, data, settings, multi) in wanted.items():
         if key in kept:
             continue
         started = time.perf_counter()
-        built = templates.build_template(data, settings, multi)
-        what = f"{name} {settings.method} checkpointing={settings.grad_checkpointing} multi={multi}"
+        what = (f"{name} {settings.method} dropout={settings.adapters.dropout} "
+                f"checkpointing={settings.grad_checkpointing} multi={multi}")
+        try:
+            built = templates.build_template(data, settings, multi)
+        except Exception as error:  # a setting this model cannot train with (peft refuses, a kernel asks for bf16)
+            print(f"{what}: not built, the step does not run: {type(error).__name__}: {error}", file=sys.stderr)
+            continue
         if built is None:
             print(f"{what}: no template (a size had no reading, or the check trace differed)", file=sys.stderr)
             continue
-        (OUT / f"{key}.json.gz").write_bytes(gzip.compress(json.dumps(built, separators=(",", ":")).encode(), 9))
+        _write(key, built)
         print(f"{what}: {key} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     stale = kept - set(wanted)
     for key in stale:
-        (OUT / f"{key}.json.gz").unlink()
+        (OUT / f"{key}{SUFFIX}").unlink()
     print(f"{len(wanted)} templates for {len(names)} models; {len(stale)} stale removed", file=sys.stderr)
     return 0
 

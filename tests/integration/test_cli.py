@@ -195,3 +195,31 @@ def test_internal_errors_are_short_without_debug(tmp_path: Path) -> None:
     assert plain.code == 1 and "internal error" in plain.stderr and "Traceback" not in plain.stderr
     debug = run_subprocess(PYTHON, "-c", script, "--debug", "gpus")
     assert debug.code == 1 and "Traceback" in debug.stderr
+
+
+def test_each_command_is_registered_by_the_module_the_table_names() -> None:
+    """A command imports only its own module (app.COMMAND_MODULES): the table must say who registers what."""
+    import importlib
+
+    import typer
+
+    app_module = importlib.import_module("tunecast.cli.app")  # the package exports the Typer app as `app`
+    found: dict[str, str] = {}
+    for name in dict.fromkeys(app_module.COMMAND_MODULES.values()):
+        probe = typer.Typer()
+        importlib.import_module(f"tunecast.cli.{name}").register(probe)
+        for command in probe.registered_commands:
+            found[command.name or ""] = name
+        for group in probe.registered_groups:
+            found[group.name or ""] = name
+    assert found == app_module.COMMAND_MODULES
+
+
+def test_a_command_loads_its_own_module_and_help_lists_every_command() -> None:
+    script = ("import sys\nfrom tunecast.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "sys.stderr.write('LOADED=' + ','.join(sorted(m.rsplit('.', 1)[1] for m in sys.modules\n"
+              "                  if m.startswith('tunecast.cli.') and m.endswith('_cmds'))))\n")
+    gpus = run_subprocess(PYTHON, "-c", script, "--catalog", "nowhere", "gpus", "--json")
+    assert "LOADED=catalog_cmds" in gpus.stderr, gpus.stderr[-500:]
+    helped = run_subprocess(PYTHON, "-c", script, "--help")
+    assert all(f" {command} " in helped.stdout for command in ("memory", "plan", "train", "models", "calibrate"))

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import PYTHON, run_subprocess
 
 from tunecast.catalog.store import load_catalog
+from tunecast.estimate import profiles
 
 ACCEPTANCE = ["memory", "--model", "meta-llama/Llama-3.1-8B", "--method", "lora", "--lora-rank", "16",
               "--lora-targets", "all-linear", "--micro-batch", "1", "--seq-len", "2048", "--precision", "bf16",
@@ -92,3 +93,32 @@ def test_a_cached_estimate_does_not_import_torch(cli, shared_cache) -> None:
     result = run_subprocess(PYTHON, "-c", script, *ACCEPTANCE, "--json", env={"TUNECAST_CACHE": str(shared_cache)})
     assert 'HEAVY=[]' in result.stderr, result.stderr[-2000:]
     assert json.loads(result.stdout)["peak_phase"]
+
+
+def test_a_cold_estimate_says_what_it_traces_and_rebuilds_a_damaged_entry(cli, tmp_path, monkeypatch) -> None:
+    """Progress of each trace on stderr (stdout stays one JSON document); a damaged cache entry is traced
+    again with a warning, to the same answer."""
+    monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 512,
+                                  "n_positions": 1024}))
+    args = ["memory", "--model", str(config), "--method", "full", "--micro-batch", "2", "--seq-len", "64", "--json"]
+    templated = cli(*args)
+    assert templated.code == 0, templated.stderr
+    assert "building the step template of this model's structure (full, micro-batch 2 and more): trace 1 of 2" \
+        in templated.stderr
+    args += ["--set", "loss=chunked"]  # a loss whose number of chunks depends on the length: no template
+    cold = cli(*args)
+    assert cold.code == 0, cold.stderr
+    assert "tracing the training step: 2 layers at micro-batch" in cold.stderr and "(trace 1 of 5)" in cold.stderr
+    entries = list((tmp_path / "cache" / "profiles").glob("*.json"))
+    assert entries
+    for entry in entries:  # cut short, as a full disk would leave a file written in place
+        entry.write_text(entry.read_text()[:100])
+    monkeypatch.setattr(profiles, "_READ", {})  # as a new process would: read from disk
+    again = cli(*args)
+    assert again.code == 0, again.stderr
+    assert "warning:" in again.stderr and "damaged" in again.stderr and "(trace 5 of 5)" in again.stderr
+    assert again.json() == cold.json()
+    warm = cli(*args)
+    assert "trac" not in warm.stderr and warm.json() == cold.json()

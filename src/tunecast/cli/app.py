@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -67,27 +68,41 @@ def state(ctx: typer.Context) -> State:
     return obj if isinstance(obj, State) else State()
 
 
-def _register() -> None:
-    from tunecast.cli import (
-        catalog_cmds,
-        config_cmds,
-        data_cmds,
-        estimate_cmds,
-        measure_cmds,
-        plan_cmds,
-        train_cmds,
-    )
-
-    catalog_cmds.register(app)
-    config_cmds.register(app)
-    estimate_cmds.register(app)
-    data_cmds.register(app)
-    plan_cmds.register(app)
-    train_cmds.register(app)
-    measure_cmds.register(app)
+# The module that registers each command. A command imports its own module only (a warm `tunecast memory` is
+# mostly imports); no command, help or an unknown word imports them all. tests/integration/test_cli.py holds this
+# table to what the modules register.
+COMMAND_MODULES = {
+    "gpus": "catalog_cmds", "offers": "catalog_cmds", "models": "catalog_cmds",
+    "validate": "config_cmds", "init": "config_cmds",
+    "memory": "estimate_cmds",
+    "data": "data_cmds",
+    "plan": "plan_cmds", "breakeven": "plan_cmds",
+    "train": "train_cmds", "merge": "train_cmds",
+    "probe": "measure_cmds", "calibrate": "measure_cmds",
+}
+_REGISTERED: list[str] = []
+_VALUED_OPTIONS = {"--catalog"}  # global options followed by a value
 
 
-_register()
+def register(modules: list[str] | None = None) -> None:
+    """Add the commands of `modules` (default: every command module) to the app, each module once."""
+    for name in modules if modules is not None else list(dict.fromkeys(COMMAND_MODULES.values())):
+        if name not in _REGISTERED:
+            importlib.import_module(f"tunecast.cli.{name}").register(app)
+            _REGISTERED.append(name)
+
+
+def _command_module(argv: list[str]) -> str | None:
+    """The module of the command `argv` runs, or None (no command, or help asked before it)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if word in _VALUED_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return COMMAND_MODULES.get(word)
+    return None
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -99,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors → message and exit 2; bugs → a short note and exit 1 (traceback with --debug)."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("TUNECAST_DEBUG") == "1"
+    module = _command_module(args)
+    register([module] if module is not None else None)
     try:
         # standalone_mode=False: click returns typer.Exit's code instead of exiting, and raises the rest here.
         result = app(args=args, prog_name="tunecast", standalone_mode=False)
@@ -110,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         err.print("aborted")
         sys.exit(130)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # every cache entry is written whole or not at all: nothing to clean up
+        err.print("interrupted")
         sys.exit(130)
     except ClickException as error:  # bad flags or arguments: click's own message, exit 2
         error.show()

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
-from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.render import out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import LoadedSpec
 from tunecast.estimate.answer import MemoryAnswer, answer_memory
@@ -36,7 +36,7 @@ def memory_command(
     """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
     loaded = load_from_cli(ctx, config, spec_args)
-    with err.status(f"Estimating the memory of {escape(loaded.model.name)} (tracing on first use)…"):
+    with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
         answer = answer_memory(loaded, state(ctx).catalog(), device=device)
     if json_output:
         print_json(answer.as_dict(loaded))

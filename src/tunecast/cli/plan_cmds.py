@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
-from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.render import out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
@@ -50,7 +50,7 @@ def plan_command(
     loaded = load_from_cli(ctx, config, spec_args)
     request = PlanRequest(optimize, budget, deadline, preemptions,
                           read_calibration(calibration) if calibration is not None else None)
-    with err.status("Planning…") as status:
+    with working("Planning…") as status:
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
     if json_output:

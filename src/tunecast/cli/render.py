@@ -5,17 +5,41 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.status import Status
 
 from tunecast.errors import Problem, TunecastError
+from tunecast.estimate.progress import listening
 from tunecast.version import SCHEMA_VERSION
 
 # Piped or captured output is not squeezed to 80 columns: tables stay readable in files and READMEs.
 out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 130)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 130)
+
+
+def estimate_line(kind: str, text: str) -> None:
+    """What an estimate says (progress of a cold trace, warnings), a line on stderr."""
+    err.print(f"[yellow]warning:[/] {escape(text)}" if kind == "warning" else f"[dim]{escape(text)}[/]")
+
+
+@contextmanager
+def working(message: str) -> Iterator[Status]:
+    """A spinner on stderr while an estimate works. What the estimate says (each trace of a cold estimate)
+    updates the spinner on a terminal and is printed a line each elsewhere; its warnings are printed."""
+    with err.status(message) as status:
+        def hear(kind: str, text: str) -> None:
+            if kind == "progress" and err.is_terminal:
+                status.update(f"{message} {escape(text)}")
+            else:
+                estimate_line(kind, text)
+
+        with listening(hear):
+            yield status
 
 
 def print_json(document: dict[str, Any] | list[dict[str, Any]]) -> None:

@@ -12,8 +12,9 @@ from rich.progress import BarColumn, Progress, TextColumn
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
-from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.estimate.progress import listening
 from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag
 
 PLAIN_EVERY_S = 10.0  # without a terminal, a progress line at most this often
@@ -127,7 +128,8 @@ def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check
 
         request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
                                check_memory=not no_memory_check, started=started)
-        result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
+        with listening(estimate_line):  # the memory check before training may trace on first use
+            result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:
         reporter.close()
         err.print(f"[yellow]preempted ({stop.signal_name}) before training started: nothing to save. "

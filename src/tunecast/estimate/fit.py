@@ -54,14 +54,14 @@ class FitReport:
 
 
 def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
-    """Largest n in [low, high] with fits(n), given fits is monotone; low - 1 when none."""
+    """Largest n in [low, high] with fits(n), given fits is monotone (the estimate never falls as micro-batch or
+    length grow, so a larger value never fits where a smaller one did not); low - 1 when none. Doubles from
+    `low` first: from 1 that visits the powers of two, the shapes whose allocator reserve is simulated."""
     if not fits(low):
         return low - 1
-    step = 1
-    while low + step <= high and fits(low + step):
-        low += step
-        step *= 2
-    high = min(high, low + step - 1)
+    while 2 * low <= high and fits(2 * low):
+        low *= 2
+    high = min(high, 2 * low - 1)
     while low < high:
         middle = (low + high + 1) // 2
         if fits(middle):

@@ -3,7 +3,8 @@
 Traced (exact for the traced code path): weights, trainable weights, gradients, optimizer states of
 AdamW / SGD / Adafactor, activations, temporaries (logits and loss, attention, LoRA casts), gradient
 checkpointing, chunked loss, optimizer-in-backward, DoRA and `modules_to_save`, the caching allocator's
-rounding and reserve (simulated from the traced allocation order).
+rounding and reserve (simulated from the traced allocation order, on a ladder of shapes so that reserved
+never falls as micro-batch or length grow — see `_ladder_reserved`).
 
 Modelled, each a named formula below with its source: NF4 weights and their quantization constants
 (QLoRA), 8-bit and paged optimizer states, activation offload, DDP gradient buckets, FSDP / ZeRO
@@ -12,15 +13,21 @@ sharding and gather buffers, CPU offload, the CUDA context and cuBLAS workspaces
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from fractions import Fraction
+from math import floor
 from typing import Any
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.profile import Replay, replay
-from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
+from tunecast.estimate import replays
+from tunecast.estimate.profile import Replay
+from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles, sliding_window_offset
 from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.shape import text_config_data
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.units import BYTES_PER_GIB
 
@@ -44,6 +51,11 @@ PAGED_MIN_NUMEL = 100_000
 # Activation offload keeps the layer being computed and the one being copied on the device (torchtune's
 # OffloadActivations overlaps copies on a second stream).
 OFFLOAD_RESIDENT_LAYERS = 2
+
+# The caching allocator's reserve is simulated at ladder shapes (`_ladder_reserved`): micro-batches that are
+# powers of two; lengths of one token, then RESERVE_MIN_SEQ, 1.5 times it, and their doublings (512, 768,
+# 1024, 1536, …), and the sliding window (where the masks change).
+RESERVE_MIN_SEQ = 512
 
 
 @dataclass
@@ -130,12 +142,31 @@ class StepMemory:
     notes: list[str] = field(default_factory=list)
 
 
+def _reserve_of(replayed: Replay) -> int:
+    """Bytes the allocator holds above the step's peak allocated; never negative (reserved holds allocated)."""
+    top = max(p.allocated for p in replayed.phases.values()) + replayed.extra_allocated
+    return max(0, replayed.peak_reserved - top)
+
+
+def _depth_reserve(pair: ProfilePair, shallow: Replay, deeper: Replay) -> Fraction:
+    """The reserve at the full depth. Linear in depth while it grows from the shallow copy to the deeper one
+    (full fine-tuning: optimizer states of the first step land in blocks activations used); where it falls,
+    the deeper copy's. A falling reserve is the shallow copy's fragmentation, not memory that layers give
+    back: extrapolated, it would go below zero (reserved under allocated) on deep models."""
+    a, b = _reserve_of(shallow), _reserve_of(deeper)
+    depth_a, depth_b = pair.shallow.layers, pair.deeper.layers
+    if depth_a == depth_b or b <= a:
+        return Fraction(b)
+    return b + Fraction(b - a) * (pair.layers - depth_b) / (depth_b - depth_a)
+
+
 def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int) -> StepMemory:
-    """Replay both depths and extrapolate every figure to the full depth."""
+    """Replay both depths and extrapolate every figure to the full depth. The reserve is the one simulated
+    at this shape (`estimate_memory` replaces it with the ladder's where the profiles sweep shapes)."""
     blocks = (workspace,) if cuda and workspace else ()
-    shallow = replay(pair.shallow, batch, seq, cuda=cuda, fixed_blocks=blocks)
-    deeper = shallow if pair.deeper is pair.shallow else replay(pair.deeper, batch, seq, cuda=cuda,
-                                                                 fixed_blocks=blocks)
+    shallow = replays.replayed(pair, "shallow", batch, seq, cuda=cuda, blocks=blocks)
+    deeper = shallow if pair.deeper is pair.shallow else replays.replayed(pair, "deeper", batch, seq, cuda=cuda,
+                                                                          blocks=blocks)
 
     def at_depth(pick: Any) -> float:
         return _extrapolate(pick(shallow), pick(deeper), pair.shallow.layers, pair.deeper.layers, pair.layers)
@@ -147,12 +178,98 @@ def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace:
             memory.breakdown[category] = max(0.0, at_depth(lambda r, c=category, p=phase: r.phases[p].breakdown[c]))
         memory.breakdown["overhead"] = float(shallow.extra_allocated)
         phases[phase] = memory
+    return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)) if cuda else 0.0)
 
-    def reserve(r: Replay) -> float:
-        top = max(p.allocated for p in r.phases.values()) + r.extra_allocated
-        return max(0.0, r.peak_reserved - top)
 
-    return StepMemory(phases, at_depth(reserve) if cuda else 0.0)
+def _rungs(n: int, ladder: Iterator[int], extra: int | None = None) -> list[int]:
+    """The values of an increasing `ladder` (and `extra` among them) up to the first at or above n."""
+    rungs = [next(ladder)]
+    while rungs[-1] < n:
+        rungs.append(next(ladder))
+    if extra is not None and extra not in rungs:
+        rungs = sorted([*rungs, extra])
+        rungs = rungs[:next(i for i, rung in enumerate(rungs) if rung >= n) + 1]
+    return rungs
+
+
+def _batch_ladder() -> Iterator[int]:
+    return (1 << k for k in itertools.count())
+
+
+def _seq_ladder() -> Iterator[int]:
+    yield 1
+    for k in itertools.count():
+        yield RESERVE_MIN_SEQ << k
+        yield RESERVE_MIN_SEQ * 3 // 2 << k
+
+
+def _seq_rungs(seq: int, window: int | None) -> list[int]:
+    return _rungs(seq, _seq_ladder(), window)
+
+
+def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec: RunSpec, pair: ProfilePair,
+                     batch: int, seq: int, workspace: int) -> int:
+    """Bytes reserved at (batch, seq), made monotone in micro-batch and length.
+
+    The simulated reserve is not: a larger tensor can land in a free block a smaller one could not use, so a
+    larger shape may reserve less (on a GPU too), and a deep model's extrapolated reserve carries the shallow
+    copies' fragmentation. A run, though, meets shorter batches than its longest, and the allocator keeps every
+    segment it obtained. So reserved is simulated at ladder shapes (see RESERVE_MIN_SEQ), each raised to the
+    largest reserved of the ladder shapes below it, and interpolated linearly in micro-batch and length between
+    the ladder shapes around (batch, seq); the caller takes the larger of this and allocated. At a ladder shape
+    whose reserved already grew, it is the simulated one. Ladder shapes of other profiles (micro-batch 1, the
+    far side of a sliding window) are replayed from theirs. Exact arithmetic, rounded down once."""
+    text = text_config_data(config_data)
+    window = text.get("sliding_window")
+    window = window if isinstance(window, int) and window > 0 else None
+    batches = _rungs(batch, _batch_ladder())
+    seqs = _seq_rungs(seq, window)
+    own = (batch == 1, sliding_window_offset(config_data, seq))
+    pairs: dict[tuple[bool, int], ProfilePair | None] = {own: pair}
+
+    def serving(b: int, s: int) -> ProfilePair | None:
+        regime = (b == 1, sliding_window_offset(config_data, s))
+        if regime not in pairs:
+            # The other profile, fetched at its regime's smallest ladder shape (so that a regime whose shapes
+            # trace differently is traced at one shape, once). Left out if it holds that one shape only.
+            first_seq = next(x for x in _seq_rungs(s, window) if sliding_window_offset(config_data, x) == regime[1])
+            try:
+                other: ProfilePair | None = get_profiles(config_data, settings, 1 if regime[0] else 2, first_seq)
+            except TracingUnavailable:
+                other = None
+            pairs[regime] = other if other is not None and other.exact_shape is None else None
+        return pairs[regime]
+
+    def simulated(b: int, s: int) -> Fraction:
+        serves = serving(b, s)
+        if serves is None:
+            return Fraction(0)
+        step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace)
+        return Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
+
+    # raised[i][j]: the largest simulated reserved over the ladder shapes at or below (batches[i], seqs[j])
+    raised: list[list[Fraction]] = []
+    for i, b in enumerate(batches):
+        row: list[Fraction] = []
+        for j, s in enumerate(seqs):
+            below = [raised[i - 1][j]] if i else []
+            below += [row[j - 1]] if j else []
+            row.append(max([simulated(b, s), *below]))
+        raised.append(row)
+
+    def between(rungs: list[int], n: int) -> tuple[int, int, Fraction]:
+        """Indices of the rungs around n, and n's position between them (0 at the lower, 1 at the upper).
+        The rungs end at the first at or above n, so the one before it is below n."""
+        high = len(rungs) - 1
+        if high == 0 or rungs[high] == n:
+            return high, high, Fraction(0)
+        return high - 1, high, Fraction(n - rungs[high - 1], rungs[high] - rungs[high - 1])
+
+    i0, i1, u = between(batches, batch)
+    j0, j1, v = between(seqs, seq)
+    interpolated = ((1 - u) * (1 - v) * raised[i0][j0] + u * (1 - v) * raised[i1][j0]
+                    + (1 - u) * v * raised[i0][j1] + u * v * raised[i1][j1])
+    return floor(interpolated)
 
 
 def _apply_qlora(step: StepMemory, facts: Facts, param_bytes: int, double_quant: bool) -> None:
@@ -252,6 +369,29 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus gather buffers of two layers")
 
 
+def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int) -> None:
+    """What the trace cannot see, applied to the traced (or closed-form) step."""
+    if spec.method == "qlora":
+        _apply_qlora(step, facts, param_bytes, double_quant=True)
+    _apply_optimizer(step, spec, facts)
+    if spec.activation_offload:
+        _apply_activation_offload(step, layers)
+    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes)
+
+
+def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
+                 workspace: int) -> StepMemory:
+    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
+    _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers)
+    return step
+
+
+def _peak(step: StepMemory) -> tuple[str, float]:
+    """The phase with the most allocated, and its bytes."""
+    phase = max(PHASES, key=lambda p: step.phases[p].total)
+    return phase, step.phases[phase].total
+
+
 def _analytic_step(spec: RunSpec, settings: TraceSettings, config_data: dict[str, Any], batch: int, seq: int,
                    reason: str, workspace: int) -> tuple[StepMemory, Facts, int, int]:
     """The closed-form estimate, when the trace cannot run (see analytic.py for what it covers)."""
@@ -300,35 +440,31 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     cuda = device == "cuda"
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
+    ladder: float | None = None  # reserved by the ladder rule (profiles that sweep shapes, on CUDA)
     try:
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape)
-        step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
-        facts = _facts(pair)
-        param_bytes = pair.deeper.facts.param_dtype_bytes
-        layers = pair.layers
-        exact_shape = pair.exact_shape
+        step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace)
+        if cuda and pair.exact_shape is None:
+            ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace))
+        traced_at = pair.exact_shape
     except TracingUnavailable as reason:
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
-        exact_shape = None
-    if spec.method == "qlora":
-        _apply_qlora(step, facts, param_bytes, double_quant=True)
-    _apply_optimizer(step, spec, facts)
-    if spec.activation_offload:
-        _apply_activation_offload(step, layers)
-    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes)
+        _modelled_terms(step, spec, facts, param_bytes, layers)
+        traced_at = None
+    replays.flush()
     if spec.precision == "fp8":
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
-    if exact_shape is not None:
+    if traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
 
-    peak_phase = max(PHASES, key=lambda p: step.phases[p].total)
+    peak_phase, allocated = _peak(step)
     peak = step.phases[peak_phase]
-    allocated = peak.total
-    reserved = allocated + step.reserve_bytes
+    # Reserved holds allocated; the ladder's figure where it applies (it never falls as the shape grows).
+    reserved = allocated + step.reserve_bytes if ladder is None else max(allocated, ladder)
     context = overhead_bytes(overheads, "cuda_context", architecture) if cuda else \
         overhead_bytes(overheads, "cpu_framework", "*")
     device_total = reserved + context

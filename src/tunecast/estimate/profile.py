@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 from tunecast.estimate.allocator import CachingAllocator, round_size
 from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts, Trace
@@ -64,8 +64,7 @@ def _solve(rows: list[tuple[int, ...]], values: list[int]) -> tuple[Fraction, ..
     return tuple(matrix[r][n] for r in range(n))
 
 
-@dataclass(frozen=True)
-class ProfileEvent:
+class ProfileEvent(NamedTuple):  # a tuple: a profile holds thousands, built on every read of a template
     kind: str
     key: int
     size: tuple[float, ...] = ()  # coefficients over BASIS_NAMES

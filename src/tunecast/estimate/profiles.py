@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.atomic import write_text_atomic
+from tunecast.estimate import progress
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
@@ -35,6 +36,7 @@ class ProfilePair:
     exact_shape: tuple[int, int] | None  # set when the profiles hold one (b, s) only
     single: bool | None = None  # from a template: True when it serves micro-batch 1 only, False for 2 and up
     longest: int | None = None  # from a template: the sliding window it holds below
+    origin: str | None = None  # what names these profiles (their cache key), for kept replays (replays.py)
 
     def covers(self, batch: int, seq: int) -> bool:
         if self.single is not None and self.single != (batch == 1):
@@ -92,14 +94,23 @@ def cached_profiles(config_data: dict[str, Any], settings: TraceSettings, batch:
         if path in _READ:
             return _READ[path]
         if path.is_file():
-            data = json.loads(path.read_text())
-            shallow = StepProfile.from_json(data["shallow"])
-            deeper = shallow if data["deeper"] == data["shallow"] else StepProfile.from_json(data["deeper"])
-            pair = ProfilePair(shallow, deeper, data["layers"],
-                               tuple(data["exact_shape"]) if data["exact_shape"] else None)
+            try:
+                pair = _read_pair(path, path.stem)
+            except (OSError, ValueError, KeyError, TypeError, IndexError) as damaged:
+                progress.warning(f"the cached step profile {path} is damaged ({type(damaged).__name__}: "
+                                 f"{damaged}); tracing it again")
+                continue
             _READ[path] = pair
             return pair
     return None
+
+
+def _read_pair(path: Path, origin: str) -> ProfilePair:
+    data = json.loads(path.read_text())
+    shallow = StepProfile.from_json(data["shallow"])
+    deeper = shallow if data["deeper"] == data["shallow"] else StepProfile.from_json(data["deeper"])
+    shape = tuple(data["exact_shape"]) if data["exact_shape"] else None
+    return ProfilePair(shallow, deeper, int(data["layers"]), shape, origin=origin)
 
 
 class TracingUnavailable(Exception):
@@ -123,24 +134,35 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
     points = fit_points(batch, offset)
     fit_key = profile_key(config_data, settings, batch, offset, None)
 
-    def fitted(depth: int) -> StepProfile | None:
-        shallow = shallow_config_data(config_data, depth)
-        return fit_profile(depth, points, [trace_step(shallow, settings, b, s, count_flops=index < 2)
-                                           for index, (b, s) in enumerate(points)])
+    total = len(depths) * (1 if exact else len(points))
 
-    def at_shape(depth: int) -> StepProfile:
+    def say(done: int, depth: int, b: int, s: int) -> None:
+        progress.progress(f"tracing the training step: {depth} layers at micro-batch {b} × {s} tokens "
+                          f"(trace {done + 1} of {total})")
+
+    def fitted(number: int, depth: int) -> StepProfile | None:
+        shallow = shallow_config_data(config_data, depth)
+        traces = []
+        for index, (b, s) in enumerate(points):
+            say(number * len(points) + index, depth, b, s)
+            traces.append(trace_step(shallow, settings, b, s, count_flops=index < 2))
+        return fit_profile(depth, points, traces)
+
+    def at_shape(number: int, depth: int) -> StepProfile:
+        say(number, depth, batch, seq)
         return profile_from_trace(depth, trace_step(shallow_config_data(config_data, depth), settings, batch, seq))
 
-    fits = [None] * len(depths) if exact else [fitted(depth) for depth in depths]
+    fits = [None] * len(depths) if exact else [fitted(number, depth) for number, depth in enumerate(depths)]
     shape: tuple[int, int] | None = None
     if any(profile is None for profile in fits):  # operations differ between shapes: trace the one asked for
         shape = (batch, seq)
-        profiles = [at_shape(depth) for depth in depths]
+        total = len(depths)
+        profiles = [at_shape(number, depth) for number, depth in enumerate(depths)]
     else:
         profiles = [profile for profile in fits if profile is not None]
-    pair = ProfilePair(profiles[0], profiles[-1], full_depth, shape)
+    key = fit_key if shape is None else profile_key(config_data, settings, batch, offset, shape)
+    pair = ProfilePair(profiles[0], profiles[-1], full_depth, shape, origin=key)
     if os.environ.get("TUNECAST_NO_CACHE") != "1":
-        key = fit_key if shape is None else profile_key(config_data, settings, batch, offset, shape)
         path = _cache_path(key)
         write_text_atomic(path, json.dumps({"shallow": pair.shallow.to_json(), "deeper": pair.deeper.to_json(),
                                             "layers": pair.layers, "exact_shape": shape}))
@@ -173,7 +195,8 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
         return None
     window = text_config_data(config_data).get("sliding_window")
     pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
-                       longest=window if isinstance(window, int) and window > 0 else None)
+                       longest=window if isinstance(window, int) and window > 0 else None,
+                       origin="template " + instance[0].stem + " " + instance[1])
     _INSTANTIATED[instance] = pair
     return pair
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-VARIABLES = ("kv", "g", "hd2", "x", "i", "V", "r", "b", "s")
+VARIABLES = ("kv", "g", "hd2", "x", "i", "V", "r", "b", "s", "e", "k", "m")
 Term = tuple[int, tuple[int, ...]]
 Poly = tuple[Term, ...]
 
 # Constants a size may carry besides the dimensions: element sizes, small factors (a fused gate and up
-# projection's 2, attention's backward's 5 matmuls).
-_CONSTANTS = frozenset(2 ** a * 3 ** c * 5 ** f for a in range(10) for c in range(3) for f in range(2))
+# projection's 2, attention's backward's 5 matmuls), the units of widths (`units`).
+_CONSTANTS = frozenset(2 ** a * 3 ** c * 5 ** f for a in range(14) for c in range(3) for f in range(2))
 # Two marker sets. The first is read from: distinct primes above 5 (so that none is taken for a constant),
 # small where a dimension is materialised (peft builds LoRA matrices, rank × width, as real tensors before
 # moving them to the meta device), half the head size in the range real heads have (kernels choose by head
@@ -30,21 +30,61 @@ _CONSTANTS = frozenset(2 ** a * 3 ** c * 5 ** f for a in range(10) for c in rang
 # `b·(s + 1)`): their neighbours (±1) each have a prime factor above 5 that no marker and no other
 # neighbour has, so that `s + 1` is told from a constant and from another dimension. The second set only
 # checks a reading, at other values in another order.
-MARKERS = {"kv": 7, "g": 11, "hd2": 37, "x": 13, "i": 17, "V": 19, "r": 23, "b": 173, "s": 283}
-CHECK_MARKERS = {"kv": 5, "g": 3, "hd2": 41, "x": 53, "i": 47, "V": 61, "r": 9, "b": 4, "s": 71}
+# Mixture-of-experts layers add the number of experts (e), the experts each token is routed to (k) and the
+# expert width where it differs from the dense MLP's (m); 29, 43, 47 and 71 are the neighbours' factors.
+MARKERS = {"kv": 7, "g": 11, "hd2": 37, "x": 13, "i": 17, "V": 19, "r": 23, "b": 173, "s": 283, "e": 41, "k": 31,
+           "m": 53}
+CHECK_MARKERS = {"kv": 5, "g": 3, "hd2": 41, "x": 53, "i": 47, "V": 61, "r": 9, "b": 4, "s": 71, "e": 13, "k": 7,
+                 "m": 11}
+# MoE types count the head size in units of 8 (`units`): their head markers are smaller, so that the marker
+# heads (104 and 88) stay in the range of real ones (attention kernels choose by head size).
+MOE_MARKERS = {**MARKERS, "hd2": 13, "x": 37}
+MOE_CHECK_MARKERS = {**CHECK_MARKERS, "hd2": 11, "m": 17}
+
+
+def markers(config: Mapping[str, Any], *, check: bool = False) -> dict[str, int]:
+    """The marker dimensions a template of this config is read (or, with `check`, checked) at."""
+    if config.get("model_type") in MOE_TYPES:
+        return MOE_CHECK_MARKERS if check else MOE_MARKERS
+    return CHECK_MARKERS if check else MARKERS
+
+
 _SHIFTED = ("b", "s")  # the variables that may appear off by one
 _OFFSETS = (1, -1)
 
 # Model types whose attention and MLP are sized by these dimensions (separate q, k, v, o projections; a
 # gated or plain MLP of one intermediate size), and the config keys that hold them.
-DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "phi", "gpt2"})
+# GPT-2 names its dimensions its own way, has one query head per key-value head, and an MLP four times the
+# hidden size unless `n_inner` says otherwise.
+_RENAMED = {"gpt2": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "intermediate_size": "n_inner"}}
+# Mixture-of-experts types of the same attention, and the config keys of their experts: (count, routed per
+# token, expert width). Mixtral's experts are as wide as its intermediate size (it has no dense MLP).
+MOE_TYPES = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
+             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
 # Config entries that do not change which tensors a training step allocates (token ids, numerical
 # constants, bookkeeping): left out of the structure a template is keyed on.
 _INERT_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "initializer_range",
+                         "router_aux_loss_coef",
                          "rope_theta", "torch_dtype", "dtype", "transformers_version", "max_position_embeddings",
                          "_name_or_path", "architectures", "use_cache", "max_window_layers"})
+# Entries left out when they hold the value the config class defaults to (transformers 5.x, checked in
+# tests/unit/estimate/test_symbols.py): a config that states the default builds the model one without it does.
+# `rope_scaling: null` is the default of every type.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {"pretraining_tp": 1, "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False},
+    "mistral": {"attention_dropout": 0.0}, "qwen2": {"attention_dropout": 0.0},
+    "mixtral": {"attention_dropout": 0.0},
+    "qwen3": {"attention_bias": False, "attention_dropout": 0.0},
+    "qwen3_moe": {"attention_bias": False, "attention_dropout": 0.0},
+}
+# Entries some published configs carry that transformers 5.x no longer reads (checked in test_templates.py).
+_UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"use_mrope"})}
+# Types whose config class drops `sliding_window` unless `use_sliding_window` is set.
+_WINDOW_UNLESS_USED = frozenset({"qwen2", "qwen3", "qwen3_moe"})
 _DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                   "vocab_size")
+                   "vocab_size", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                   "n_embd", "n_head", "n_inner")
 
 
 def one(exponents: Mapping[str, int], coefficient: int = 1) -> Poly:
@@ -120,22 +160,63 @@ def from_json(data: list[list[Any]]) -> Poly:
     return tuple((int(c), tuple(e)) for c, e in data)
 
 
+def units(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(head unit, width unit): the head size is `hd2` head units, the hidden size per head `x` width units,
+    the intermediate and expert widths `i` and `m` width units. Dense types: (2, 1), so that half the head
+    size is a variable (rotary embeddings split heads in halves); Phi: (4, 1), since it rotates half of each
+    head, which must split in halves again. MoE types: (8, 8), because their grouped expert matmuls need
+    16-byte strides, so every width of a marker model is a multiple of 8 elements."""
+    if config.get("model_type") in MOE_TYPES:
+        return 8, 8
+    return (4, 1) if config.get("model_type") == "phi" else (2, 1)
+
+
+def _standard(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The config with its dimensions under the names most types use (see _RENAMED)."""
+    names = _RENAMED.get(str(config.get("model_type")))
+    if names is None:
+        return config
+    view = dict(config)
+    for standard, own in names.items():
+        view[standard] = config.get(own)
+    if view["intermediate_size"] is None and isinstance(view["hidden_size"], int):
+        view["intermediate_size"] = 4 * view["hidden_size"]
+    return view
+
+
 def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
-    """The variables of a dense model's config (kv heads, heads per kv head, half head size, hidden size per
-    head, intermediate size, vocabulary), or None when its sizes are not of that form."""
-    if config.get("model_type") not in DENSE_TYPES:
+    """The variables of a config whose attention and MLP (or experts) they size — kv heads, query heads per
+    kv head, head size, hidden size per head, intermediate size, vocabulary, and for MoE types the experts,
+    the experts per token and the expert width (see `units`) — or None when its sizes are not of that form."""
+    model_type = config.get("model_type")
+    if model_type not in DENSE_TYPES and model_type not in MOE_TYPES:
         return None
+    config = _standard(config)
+    head_unit, width_unit = units(config)
     try:
         heads = int(config["num_attention_heads"])
         kv = int(config.get("num_key_value_heads") or heads)
         hidden = int(config["hidden_size"])
         head_dim = int(config.get("head_dim") or hidden // heads)
-        values = {"kv": kv, "g": heads // kv, "hd2": head_dim // 2, "x": hidden // heads,
-                  "i": int(config["intermediate_size"]), "V": int(config["vocab_size"])}
+        widths = {"x": hidden // heads, "i": int(config["intermediate_size"])}
+        values = {"kv": kv, "g": heads // kv, "hd2": head_dim // head_unit, "V": int(config["vocab_size"])}
+        if model_type in MOE_TYPES:
+            experts, routed, width = MOE_TYPES[str(model_type)]
+            values.update(e=int(config[experts]), k=int(config[routed]))
+            if width is not None:
+                widths["m"] = int(config[width])
+            if not 0 < values["k"] <= values["e"]:
+                return None
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    if heads % kv or head_dim % 2 or hidden % heads:
+    if heads % kv or head_dim % head_unit or hidden % heads:
         return None
+    if not config.get("head_dim"):
+        widths.pop("x")  # folded into the head size (x is set to 1 by variable_values)
+    if any(width % width_unit for width in widths.values()):
+        return None
+    values.update({name: width // width_unit for name, width in widths.items()})
+    values.setdefault("x", hidden // heads)
     return values
 
 
@@ -143,8 +224,15 @@ def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     """What of a config decides the operations of a step, beyond its dimensions: the other entries, and
     which dimensions coincide (grouped-query or not, head size given or derived from the hidden size)."""
     values = dense_dimensions(config) or {}
-    inert = _INERT_KEYS if config.get("use_sliding_window") is not True else _INERT_KEYS - {"max_window_layers"}
-    kept = {k: v for k, v in config.items() if k not in inert and k not in _DIMENSION_KEYS}
+    model_type = str(config.get("model_type"))
+    inert = set(_INERT_KEYS) | _UNREAD.get(model_type, frozenset())
+    if config.get("use_sliding_window") is True:
+        inert.discard("max_window_layers")
+    elif model_type in _WINDOW_UNLESS_USED:
+        inert.add("sliding_window")
+    defaults = {**_DEFAULTS.get(model_type, {}), "rope_scaling": None}
+    kept = {k: v for k, v in config.items()
+            if k not in inert and k not in _DIMENSION_KEYS and not (k in defaults and v == defaults[k])}
     kept["_grouped"] = values.get("g", 1) > 1
     kept["_head_dim_given"] = bool(config.get("head_dim"))
     return kept
@@ -157,15 +245,25 @@ def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict
     grouped = structure(config)["_grouped"]
     groups = markers["g"] if grouped else 1
     heads = markers["kv"] * groups
+    head_unit, width_unit = units(config)
     shaped["num_key_value_heads"] = markers["kv"]
     shaped["num_attention_heads"] = heads
     if config.get("head_dim"):
-        shaped["head_dim"] = 2 * markers["hd2"]
-        shaped["hidden_size"] = heads * markers["x"]
+        shaped["head_dim"] = head_unit * markers["hd2"]
+        shaped["hidden_size"] = heads * width_unit * markers["x"]
     else:  # the head size is the hidden size per head: one marker serves both
-        shaped["hidden_size"] = heads * 2 * markers["hd2"]
-    shaped["intermediate_size"] = markers["i"]
+        shaped["hidden_size"] = heads * head_unit * markers["hd2"]
+    shaped["intermediate_size"] = width_unit * markers["i"]
     shaped["vocab_size"] = markers["V"]
+    if config.get("model_type") in MOE_TYPES:
+        experts, routed, width = MOE_TYPES[str(config["model_type"])]
+        shaped[experts], shaped[routed] = markers["e"], markers["k"]
+        if width is not None:
+            shaped[width] = width_unit * markers["m"]
+    for standard, own in _RENAMED.get(str(config.get("model_type")), {}).items():
+        shaped[own] = shaped.pop(standard)
+    if config.get("model_type") in _RENAMED:
+        del shaped["num_key_value_heads"]
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         shaped[key] = None
     return shaped
@@ -191,6 +289,9 @@ def marker_values(config: Mapping[str, Any], markers: Mapping[str, int], *, mult
     """The variables' values in a marker config: the markers, less those folded away (as in
     `variable_values`), which are left out so that factoring does not look for them."""
     values = dict(markers)
+    moe = MOE_TYPES.get(str(config.get("model_type")))
+    for name in ("e", "k", "m") if moe is None else ("m",) if moe[2] is None else ():
+        del values[name]
     if not config.get("head_dim"):
         del values["x"]
     if not structure(config)["_grouped"]:

@@ -15,7 +15,6 @@ is used. Templates exist for micro-batches of two or more (b a variable) and for
 from __future__ import annotations
 
 import functools
-import gzip
 import hashlib
 import json
 import os
@@ -25,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.atomic import write_text_atomic
-from tunecast.estimate import symbols
+from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
 from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_dir
 
-TEMPLATE_FORMAT = 1
+TEMPLATE_FORMAT = 2
 # The basis slot of each (b, s) exponent pair a size may have.
 _SLOTS = {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 1): 3, (1, 2): 4, (1, 0): 5}
 _B, _S = symbols.VARIABLES.index("b"), symbols.VARIABLES.index("s")
@@ -148,13 +147,17 @@ def _coefficients(poly: symbols.Poly, values: dict[str, int]) -> tuple[float, ..
 
 def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]) -> StepProfile:
     events = []
+    sizes: dict[str, tuple[float, ...]] = {}  # a step allocates thousands of tensors of a few dozen sizes
     for kind, key, poly, category, phase, step in data["events"]:
         size: tuple[float, ...] = ()
         if kind == ALLOC:
-            coefficients = _coefficients(symbols.from_json(poly), values)
-            if coefficients is None:
-                raise NoTemplate("a size outside the profile's basis")
-            size = coefficients
+            text = str(poly)
+            if text not in sizes:
+                coefficients = _coefficients(symbols.from_json(poly), values)
+                if coefficients is None:
+                    raise NoTemplate("a size outside the profile's basis")
+                sizes[text] = coefficients
+            size = sizes[text]
         events.append(ProfileEvent(kind, key, size, category, phase, step))
     flops = {}
     for name, poly in data["sums"].items():
@@ -233,20 +236,29 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     """Trace the marker model at every depth, read the sizes, and check the reading against a trace at
     the other markers; the template, or None when a size has no reading or the check fails."""
     config = text_config_data(config_data)
-    active = symbols.marker_values(config, symbols.MARKERS, multi=multi)
+    chosen_markers = symbols.markers(config)
+    active = symbols.marker_values(config, chosen_markers, multi=multi)
 
     def reader(n: int) -> symbols.Poly | None:
         return symbols.factor(n, active)
 
     chosen = depths(config_data)
+    traces = len(chosen) + 1
+    what = f"{settings.method}, micro-batch {'2 and more' if multi else '1'}"
     profiles = []
-    for layers in chosen:
-        read = _read_trace(_trace_at(config_data, settings, symbols.MARKERS, multi, layers, reader), reader)
+    for index, layers in enumerate(chosen):
+        progress.progress(f"building the step template of this model's structure ({what}): trace {index + 1} of "
+                          f"{traces} ({layers} layers at marker dimensions)")
+        try:
+            traced = _trace_at(config_data, settings, chosen_markers, multi, layers, reader)
+        except Exception:  # the marker model does not run (a rotary size gone odd, a kernel's alignment): no template
+            return None
+        read = _read_trace(traced, reader)
         if read is None:
             return None
         profiles.append(read)
     template = {"depths": list(chosen), "profiles": profiles, "multi": multi}
-    check = symbols.CHECK_MARKERS
+    check = symbols.markers(config, check=True)
     shallow = shallow_config_data(config_data, chosen[0])
     values = symbols.variable_values(symbols.marker_config(text_config_data(shallow), check),
                                      check["r"] if settings.method != "full" else 1, None)
@@ -254,7 +266,12 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
         return None
     expected = _instantiate_depth(profiles[0], chosen[0], values)
     batch = check["b"] if multi else 1
-    traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
+    progress.progress(f"building the step template of this model's structure ({what}): trace {traces} of {traces} "
+                      "(the check at other dimensions)")
+    try:
+        traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
+    except Exception:  # as above, at the other markers
+        return None
     return template if _same(expected, traced, batch, check["s"]) else None
 
 
@@ -265,10 +282,12 @@ def cache_path(key: str) -> Path:
 def _shipped(key: str) -> dict[str, Any] | None:
     """A template shipped with tunecast (built by scripts/build_templates.py), or None."""
     try:
-        data = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.gz").read_bytes()
-    except (FileNotFoundError, OSError, ModuleNotFoundError):
+        import lzma  # a Python built without liblzma has none: templates are then built on first use
+
+        data = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz").read_bytes()
+    except (FileNotFoundError, OSError, ModuleNotFoundError, ImportError):
         return None
-    loaded: dict[str, Any] = json.loads(gzip.decompress(data))
+    loaded: dict[str, Any] = json.loads(lzma.decompress(data))
     return loaded
 
 
@@ -286,8 +305,11 @@ def cached_template(key: str) -> dict[str, Any] | None:
     if found is None and path.is_file():
         try:
             found = json.loads(path.read_text())
-        except (OSError, ValueError):
-            found = None  # a damaged entry is rebuilt
+            if not isinstance(found, dict) or not ("failed" in found or "profiles" in found):
+                raise ValueError("not a template")
+        except (OSError, ValueError) as damaged:
+            progress.warning(f"the cached step template {path} is damaged ({damaged}); building it again")
+            found = None
     if found is not None:
         _READ[path] = found
     return found

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tunecast.errors import TunecastError
 from tunecast.estimate.settings import AdapterSettings
 
 # bitsandbytes (imported by peft when present) logs at import that optional CPU kernels are missing; that
@@ -47,7 +48,15 @@ def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
         r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=adapters.dropout, target_modules=targets,
         use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None, task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config, autocast_adapter_dtype=adapters.fp32_adapters)
+    try:
+        return get_peft_model(model, config, autocast_adapter_dtype=adapters.fp32_adapters)
+    except ValueError as error:  # peft 0.21 on "all-linear" of an MoE model: experts are wrapped as parameters
+        if "lora_dropout" not in str(error):
+            raise
+        raise TunecastError(f"lora.dropout {adapters.dropout}: dropout cannot apply to this model's expert weights "
+                            "(peft adapts them as parameters, which take no dropout)", field="lora.dropout",
+                            hint="set lora.dropout: 0, or target the attention only (lora.targets: "
+                                 "[q_proj, k_proj, v_proj, o_proj])") from error
 
 
 # Activations that transformers implements op by op, and their fused equivalents: same function, but one

@@ -49,7 +49,8 @@ def test_no_reading_for_a_number_that_is_no_product_of_the_markers() -> None:
     assert symbols.factor(M["b"] * M["s"] + M["V"], M) is None
 
 
-def test_neighbours_of_the_markers_are_told_apart() -> None:
+@pytest.mark.parametrize("markers", [symbols.MARKERS, symbols.MOE_MARKERS])
+def test_neighbours_of_the_markers_are_told_apart(markers: dict[str, int]) -> None:
     """What makes `s + 1` readable: the micro-batch's and the length's neighbours each have a prime factor
     above 5 that no marker and no other neighbour has."""
     def rough(n: int) -> set[int]:
@@ -63,9 +64,9 @@ def test_neighbours_of_the_markers_are_told_apart() -> None:
             found.add(n)
         return {p for p in found if p > 5}
 
-    seen = set(M.values())
-    assert min(seen) > 5
-    for prime, offset in itertools.product((M["b"], M["s"]), (1, -1)):
+    seen = set(markers.values())
+    assert min(seen) > 5 and len(seen) == len(markers) == len(symbols.VARIABLES)
+    for prime, offset in itertools.product((markers["b"], markers["s"]), (1, -1)):
         factors = rough(prime + offset)
         assert factors and not factors & seen, (prime, offset)
         seen |= factors
@@ -102,3 +103,25 @@ def test_structure_ignores_token_ids_and_constants() -> None:
              "vocab_size": 32000}
     assert symbols.structure(base) == symbols.structure(other)
     assert symbols.structure({**base, "tie_word_embeddings": False}) != symbols.structure(base)
+
+
+@pytest.mark.parametrize("check", [symbols.CHECK_MARKERS, symbols.MOE_CHECK_MARKERS])
+def test_the_check_markers_give_every_variable_its_own_value(check: dict[str, int]) -> None:
+    assert len(set(check.values())) == len(check) == len(symbols.VARIABLES)
+
+
+def test_moe_marker_models_keep_16_byte_strides_and_real_head_sizes() -> None:
+    """Grouped expert matmuls need every width to be a multiple of 8 elements; attention kernels choose by
+    head size, so the marker heads stay among real ones (64-256)."""
+    config = {"model_type": "qwen3_moe", "num_attention_heads": 32, "num_key_value_heads": 4, "hidden_size": 2048,
+              "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+              "num_experts_per_tok": 8, "vocab_size": 151936}
+    for check in (False, True):
+        shaped = symbols.marker_config(config, symbols.markers(config, check=check))
+        for key in ("hidden_size", "head_dim", "intermediate_size", "moe_intermediate_size"):
+            assert shaped[key] % 8 == 0, (key, shaped[key])
+        assert 64 <= shaped["head_dim"] <= 256
+    values = symbols.variable_values(config, 16, None)
+    assert values is not None and (values["hd2"], values["x"], values["m"], values["e"], values["k"]) == (16, 8, 96,
+                                                                                                          128, 8)
+    assert symbols.variable_values({**config, "moe_intermediate_size": 770}, 16, None) is None  # not in units of 8

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tunecast.catalog.store import load_catalog
-from tunecast.estimate import profiles, templates
+from tunecast.estimate import profiles, symbols, templates
 from tunecast.estimate.settings import AdapterSettings, TraceSettings
 from tunecast.estimate.shape import shallow_config_data, text_config_data
 from tunecast.estimate.tracer import trace_step
@@ -17,6 +19,8 @@ LORA = TraceSettings("lora", AdapterSettings(16, 32, 0.05, "all-linear", False, 
                      True, "sdpa", "standard")
 FULL = TraceSettings("full", AdapterSettings(8, 8, 0.0, "all-linear", False, ()), "fp16-mixed", "adamw-foreach",
                      False, False, "eager", "standard")
+# Full fine-tuning in the default precision and attention (grouped expert matmuls take bf16 only).
+FULL_BF16 = TraceSettings(**{**FULL.__dict__, "precision": "bf16", "attention": "sdpa"})
 
 
 def config(name: str, layers: int | None = None) -> dict[str, Any]:
@@ -39,10 +43,59 @@ def assert_exact(data: dict[str, Any], settings: TraceSettings, batch: int, seq:
     ("Qwen/Qwen2.5-0.5B", LORA, 1, 80),           # micro-batch 1, tied embeddings, q/k/v biases
     ("mistralai/Mistral-7B-v0.1", FULL, 3, 40),   # full fine-tuning, autocast, foreach AdamW, eager attention
     ("meta-llama/Llama-2-7b-hf", LORA, 2, 48),    # one query head per key-value head
+    ("google/gemma-2-2b", LORA, 2, 40),           # sliding and global layers alternating, soft-capped logits
+    ("google/gemma-2-2b", LORA, 1, 48),
+    ("microsoft/phi-1_5", LORA, 2, 40),           # half of each head rotated, biased projections, fc1/fc2 MLP
+    ("openai-community/gpt2", LORA, 2, 40),       # fused qkv Conv1D, learned positions, dropout everywhere
+    ("openai-community/gpt2-large", FULL_BF16, 1, 32),
 ])
 def test_a_template_equals_a_trace_of_the_real_model(name: str, settings: TraceSettings, batch: int,
                                                      seq: int) -> None:
     assert_exact(config(name, layers=4), settings, batch, seq)
+
+
+ATTENTION = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32, 0.05, ("q_proj", "k_proj", "v_proj",
+                                                                                       "o_proj"), False, ())})
+
+
+@pytest.mark.parametrize("name, settings, batch, seq", [
+    ("mistralai/Mixtral-8x7B-v0.1", ATTENTION, 2, 40),   # 8 experts top-2, no dense MLP, head size derived
+    ("Qwen/Qwen3-30B-A3B", ATTENTION, 1, 48),           # 128 experts top-8 of their own width, head size given
+    ("mistralai/Mixtral-8x7B-v0.1", FULL_BF16, 2, 24),  # full fine-tuning: the experts' weights train
+])
+def test_a_template_of_a_mixture_of_experts_equals_a_trace(name: str, settings: TraceSettings, batch: int,
+                                                           seq: int) -> None:
+    """Grouped expert matmuls size every buffer by the routed (token, expert) pairs, b·s·k, whatever the
+    router chose, so the marker model's experts (41 of them, 31 per token) read back exactly."""
+    assert_exact(config(name, layers=2), settings, batch, seq)
+
+
+@pytest.mark.parametrize("built_from, serves", [
+    ("meta-llama/Llama-2-70b-hf", "TinyLlama/TinyLlama-1.1B-Chat-v1.0"),  # attention_bias: false stated or not
+    ("Qwen/Qwen2-7B", "Qwen/Qwen1.5-110B"),                              # an unused sliding window of another size
+    ("mistralai/Mixtral-8x7B-v0.1", "mistralai/Mixtral-8x22B-v0.1"),     # another auxiliary loss coefficient
+])
+def test_a_template_built_from_one_model_serves_another_of_its_structure(built_from: str, serves: str) -> None:
+    settings = ATTENTION if "Mixtral" in built_from else LORA
+    first, second = config(built_from, layers=4), config(serves, layers=4)
+    assert templates.template_key(first, settings, True) == templates.template_key(second, settings, True)
+    templates.get_template(first, settings, True)
+    assert_exact(second, settings, 2, 40)
+
+
+def test_the_defaults_a_structure_leaves_out_are_the_config_classes() -> None:
+    from transformers import AutoConfig
+
+    for model_type, defaults in symbols._DEFAULTS.items():
+        made = AutoConfig.for_model(model_type)
+        for key, value in defaults.items():
+            assert getattr(made, key, value) == value, (model_type, key)
+    for model_type in symbols._WINDOW_UNLESS_USED:
+        assert AutoConfig.for_model(model_type, sliding_window=77, use_sliding_window=False).sliding_window is None
+    for model_type, keys in symbols._UNREAD.items():  # no file of the model type's package mentions them
+        package = Path(importlib.import_module(f"transformers.models.{model_type}").__file__).parent
+        for source in package.glob("*.py"):
+            assert not any(key in source.read_text() for key in keys), (model_type, source.name)
 
 
 def test_a_template_extrapolated_in_depth_equals_the_traces_at_both_depths() -> None:
@@ -60,8 +113,8 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
     for name in catalog.models.names:
         data = config(name)
         served.setdefault(data["model_type"], templates.applies(data, LORA, 512))
-    assert served == {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gpt2": False, "phi": False,
-                      "gemma2": False, "mixtral": False, "qwen3_moe": False, "gpt_oss": False}
+    assert served == {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gpt2": True, "phi": True,
+                      "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": False}
     llama = config("meta-llama/Llama-3.1-8B")
     assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}), 512)
     assert not templates.applies(config("mistralai/Mistral-7B-v0.1"), LORA, 8192)  # above the sliding window
@@ -73,6 +126,13 @@ def test_one_template_serves_every_rank_and_every_model_of_a_structure() -> None
     assert templates.template_key(config("meta-llama/Llama-3.1-70B"), other_rank, True) == a
     assert templates.template_key(config("meta-llama/Llama-3.1-8B"), LORA, False) != a
     assert templates.template_key(config("meta-llama/Llama-3.1-8B"), FULL, True) != a
+
+
+def test_a_marker_model_that_does_not_run_is_recorded_as_no_template() -> None:
+    """Phi rotating 0.4 of each head: at the marker head size the rotated part is odd and the step fails;
+    the structure is traced the old way (where the real model runs)."""
+    data = {**config("microsoft/phi-1_5", layers=2), "partial_rotary_factor": 0.4}
+    assert templates.build_template(data, LORA, True) is None
 
 
 def test_a_structure_no_template_reads_is_traced_and_remembered(monkeypatch: pytest.MonkeyPatch) -> None:

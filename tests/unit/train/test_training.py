@@ -205,3 +205,23 @@ def test_fp8_needs_an_fp8_gpu(cli, tmp_path: Path) -> None:  # type: ignore[no-u
     result = cli("train", str(tiny_run(tmp_path, precision="fp8", max_steps=1)), "--no-memory-check")
     assert result.code == 2
     assert "precision" in result.stderr and "FP8" in result.stderr
+
+
+def test_lora_dropout_on_the_experts_of_an_moe_model_is_a_user_error() -> None:
+    """peft adapts the 3-D expert weights of `all-linear` as parameters, which take no dropout: the field and
+    the fix are named instead of an internal error."""
+    from transformers import AutoModelForCausalLM
+
+    from tunecast.errors import TunecastError
+    from tunecast.estimate.settings import AdapterSettings
+    from tunecast.train.setup import apply_adapters
+
+    config = hf_config({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 64,
+                        "moe_intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+                        "num_key_value_heads": 1, "head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                        "vocab_size": 64})
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(TunecastError) as raised:
+        apply_adapters(model, AdapterSettings(8, 8, 0.05, "all-linear", False, ()))
+    assert raised.value.problems[0].field == "lora.dropout" and "lora.dropout: 0" in (raised.value.hint or "")
+    apply_adapters(AutoModelForCausalLM.from_config(config), AdapterSettings(8, 8, 0.0, "all-linear", False, ()))

@@ -1,0 +1,115 @@
+"""Cache entries of the estimator: a damaged one is rebuilt with a warning, an interrupted trace leaves none,
+and a cold estimate says which trace it is on (issue 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.models import tiny_llama
+
+from tunecast.config.spec import RunSpec
+from tunecast.estimate import profiles, templates, tracer
+from tunecast.estimate.progress import listening
+from tunecast.estimate.settings import TraceSettings
+
+SPEC = RunSpec(model="x", method="lora", micro_batch=2, seq_len=64)
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path))
+    monkeypatch.setattr(profiles, "_READ", {})
+    monkeypatch.setattr(templates, "_READ", {})
+    return tmp_path
+
+
+def _heard() -> tuple[list[tuple[str, str]], Any]:
+    lines: list[tuple[str, str]] = []
+    return lines, listening(lambda kind, text: lines.append((kind, text)))
+
+
+@pytest.mark.parametrize("damage", ["{\"shallow\": [1, 2", "[]", "{\"shallow\": {}, \"deeper\": {}}", "\x00\xff"])
+def test_a_damaged_profile_is_traced_again_with_a_warning(own_cache: Path, damage: str) -> None:
+    config, settings = tiny_llama(), TraceSettings.from_spec(SPEC)
+    key = profiles.profile_key(config, settings, 2, 0, None)
+    path = own_cache / "profiles" / f"{key}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(damage)
+    lines, hearing = _heard()
+    with hearing:
+        assert profiles.cached_profiles(config, settings, 2, 64) is None
+    assert [kind for kind, _ in lines] == ["warning"]
+    assert str(path) in lines[0][1] and "damaged" in lines[0][1]
+
+
+def test_a_damaged_template_is_built_again_with_a_warning(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, settings = tiny_llama(), TraceSettings.from_spec(SPEC)
+    key = templates.template_key(config, settings, True)
+    path = templates.cache_path(key)
+    path.parent.mkdir(parents=True)
+    path.write_text("{\"depths\": [4")
+    built: list[bool] = []
+
+    def build(*_: Any) -> None:
+        built.append(True)
+        return None  # no reading: recorded as failed
+
+    monkeypatch.setattr(templates, "build_template", build)
+    lines, hearing = _heard()
+    with hearing, pytest.raises(templates.NoTemplate):
+        templates.get_template(config, settings, True)
+    assert built == [True]
+    assert [kind for kind, _ in lines] == ["warning"] and "damaged" in lines[0][1]
+    assert "failed" in path.read_text()  # rewritten whole
+
+
+def test_an_interrupted_trace_leaves_no_cache_entry_and_said_what_it_traced(own_cache: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    config, settings = tiny_llama(), TraceSettings.from_spec(SPEC)
+    calls: list[tuple[int, int]] = []
+
+    def trace_step(_config: Any, _settings: Any, batch: int, seq: int, **_: Any) -> None:
+        calls.append((batch, seq))
+        if len(calls) == 2:  # Ctrl-C during the second trace (the first one's result is only kept in memory)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(tracer, "trace_step", trace_step)
+    lines, hearing = _heard()
+    with hearing, pytest.raises(KeyboardInterrupt):
+        profiles.trace_profiles(config, settings, 2, 64)
+    assert not list(own_cache.rglob("*.json")), "an interrupted trace wrote a cache entry"
+    said = [text for kind, text in lines if kind == "progress"]
+    assert len(said) == 2 and said[0].endswith("(trace 1 of 10)") and said[1].endswith("(trace 2 of 10)")
+    assert "4 layers" in said[0]
+
+
+def test_kept_replays_give_the_estimate_a_fresh_replay_gives(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm estimate reads its replays from disk (replays.py): the same figures, and nothing replayed."""
+    from tunecast.catalog.store import load_catalog
+    from tunecast.estimate import profile as profile_module
+    from tunecast.estimate import replays
+    from tunecast.estimate.memory import estimate_memory
+
+    catalog = load_catalog(None)
+
+    def estimate() -> dict[str, Any]:
+        return estimate_memory(SPEC, tiny_llama(), device="cuda", gpu=catalog.gpus.get("h100"),
+                               overheads=catalog.overheads).as_dict()
+
+    monkeypatch.setattr(replays, "_BY_ORIGIN", {})
+    fresh = estimate()
+    assert list((own_cache / "replays").glob("*.json"))
+    monkeypatch.setattr(replays, "_BY_ORIGIN", {})  # as a new process would: read from disk
+    replayed: list[int] = []
+    real = profile_module.replay
+    monkeypatch.setattr(replays, "replay", lambda *a, **k: replayed.append(1) or real(*a, **k))
+    assert estimate() == fresh and not replayed
+    for path in (own_cache / "replays").glob("*.json"):
+        path.write_text("{\"format\": \"1-\", \"origin\"")
+    monkeypatch.setattr(replays, "_BY_ORIGIN", {})
+    lines, hearing = _heard()
+    with hearing:
+        assert estimate() == fresh
+    assert replayed and any(kind == "warning" and "damaged" in text for kind, text in lines)
