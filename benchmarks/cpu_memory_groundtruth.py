@@ -195,7 +195,8 @@ def _case_config(catalog: Any, name: str, model: str) -> tuple[dict, str]:
         return found.data, model
     from tunecast.estimate.shape import shallow_config_data
 
-    return shallow_config_data(found.data, SHRUNK[name]), f"{model} ({SHRUNK[name]} layers)"
+    layers = SHRUNK[name]
+    return shallow_config_data(found.data, layers), f"{model} ({layers} layer{'s' if layers > 1 else ''})"
 
 
 def _table_rows() -> dict[str, list[str]]:
