@@ -27,7 +27,7 @@ from tunecast.estimate import replays
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles, sliding_window_offset
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import text_config_data
+from tunecast.estimate.shape import sliding_window
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.units import BYTES_PER_GIB
 
@@ -219,9 +219,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
     the ladder shapes around (batch, seq); the caller takes the larger of this and allocated. At a ladder shape
     whose reserved already grew, it is the simulated one. Ladder shapes of other profiles (micro-batch 1, the
     far side of a sliding window) are replayed from theirs. Exact arithmetic, rounded down once."""
-    text = text_config_data(config_data)
-    window = text.get("sliding_window")
-    window = window if isinstance(window, int) and window > 0 else None
+    window = sliding_window(config_data)
     batches = _rungs(batch, _batch_ladder())
     seqs = _seq_rungs(seq, window)
     own = (batch == 1, sliding_window_offset(config_data, seq))

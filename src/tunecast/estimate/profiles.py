@@ -20,7 +20,7 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
+from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, sliding_window, text_config_data
 from tunecast.paths import cache_dir
 
 PROFILE_FORMAT = 18  # bump when what a profile holds changes
@@ -65,10 +65,8 @@ def _versions() -> dict[str, str]:
 def sliding_window_offset(config_data: dict[str, Any], seq: int) -> int:
     """0 below a sliding window; the window above it (attention masks differ on either side, so the
     fitting shapes must lie on the same side as the length asked for)."""
-    window = text_config_data(config_data).get("sliding_window")
-    if isinstance(window, int) and window > 0 and seq > window:
-        return window
-    return 0
+    window = sliding_window(config_data)
+    return window if window is not None and seq > window else 0
 
 
 def profile_key(config_data: dict[str, Any], settings: TraceSettings, batch: int, offset: int,
@@ -193,9 +191,8 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
                                          settings)
     except templates.NoTemplate:
         return None
-    window = text_config_data(config_data).get("sliding_window")
     pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
-                       longest=window if isinstance(window, int) and window > 0 else None,
+                       longest=sliding_window(config_data),
                        origin="template " + instance[0].stem + " " + instance[1])
     _INSTANTIATED[instance] = pair
     return pair

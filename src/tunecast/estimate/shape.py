@@ -23,6 +23,12 @@ def text_config_data(data: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(chosen)
 
 
+def sliding_window(data: dict[str, Any]) -> int | None:
+    """The config's sliding attention window in tokens, or None when it has none."""
+    window = text_config_data(data).get("sliding_window")
+    return window if isinstance(window, int) and window > 0 else None
+
+
 def num_layers(data: dict[str, Any]) -> int:
     config = text_config_data(data)
     for key in ("num_hidden_layers", "n_layer", "num_layers"):

@@ -27,7 +27,7 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, text_config_data
+from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, sliding_window, text_config_data
 from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_dir
 
@@ -88,8 +88,8 @@ def applies(config_data: dict[str, Any], settings: TraceSettings, seq: int) -> b
     config = text_config_data(config_data)
     if symbols.dense_dimensions(config) is None or settings.loss == "chunked":
         return False
-    window = config.get("sliding_window")
-    return not (isinstance(window, int) and window > 0 and seq > window)
+    window = sliding_window(config_data)
+    return window is None or seq <= window
 
 
 def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
@@ -135,11 +135,11 @@ def _facts_terms(terms: dict[str, Any]) -> dict[str, Any] | None:
 def _coefficients(poly: symbols.Poly, values: dict[str, int]) -> tuple[float, ...] | None:
     """A polynomial's coefficients over the profile basis once every variable but b and s has its value."""
     slots = [0] * len(BASIS_NAMES)
+    rest = {name: value for name, value in values.items() if name not in ("b", "s")}
     for coefficient, exponents in poly:
         slot = _SLOTS.get((exponents[_B], exponents[_S]))
         if slot is None:
             return None
-        rest = {name: values[name] for name in values if name not in ("b", "s")}
         slots[slot] += symbols.evaluate(((coefficient, tuple(0 if i in (_B, _S) else e
                                                              for i, e in enumerate(exponents))),), rest)
     return tuple(float(c) for c in slots)
@@ -205,12 +205,16 @@ def instantiate(template: dict[str, Any], config_data: dict[str, Any], settings:
 
 
 def _trace_at(config_data: dict[str, Any], settings: TraceSettings, markers: dict[str, int], multi: bool,
-              layers: int, reader: Any) -> Trace:
+              layers: int, reader: Any) -> Trace | None:
+    """The step of the marker model; None when it does not run (a rotary size gone odd, a kernel's alignment)."""
     from tunecast.estimate.tracer import trace_step
 
     shaped = symbols.marker_config(shallow_config_data(config_data, layers), markers)
     batch = markers["b"] if multi else 1
-    return trace_step(shaped, _marker_settings(settings, markers), batch, markers["s"], reader=reader)
+    try:
+        return trace_step(shaped, _marker_settings(settings, markers), batch, markers["s"], reader=reader)
+    except Exception:  # a failed marker model means no template; the model itself is then traced
+        return None
 
 
 def _same(profile: StepProfile, trace: Trace, batch: int, seq: int) -> bool:
@@ -249,11 +253,8 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     for index, layers in enumerate(chosen):
         progress.progress(f"building the step template of this model's structure ({what}): trace {index + 1} of "
                           f"{traces} ({layers} layers at marker dimensions)")
-        try:
-            traced = _trace_at(config_data, settings, chosen_markers, multi, layers, reader)
-        except Exception:  # the marker model does not run (a rotary size gone odd, a kernel's alignment): no template
-            return None
-        read = _read_trace(traced, reader)
+        traced = _trace_at(config_data, settings, chosen_markers, multi, layers, reader)
+        read = None if traced is None else _read_trace(traced, reader)
         if read is None:
             return None
         profiles.append(read)
@@ -268,11 +269,8 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     batch = check["b"] if multi else 1
     progress.progress(f"building the step template of this model's structure ({what}): trace {traces} of {traces} "
                       "(the check at other dimensions)")
-    try:
-        traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
-    except Exception:  # as above, at the other markers
-        return None
-    return template if _same(expected, traced, batch, check["s"]) else None
+    traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
+    return template if traced is not None and _same(expected, traced, batch, check["s"]) else None
 
 
 def cache_path(key: str) -> Path:
@@ -285,7 +283,7 @@ def _shipped(key: str) -> dict[str, Any] | None:
         import lzma  # a Python built without liblzma has none: templates are then built on first use
 
         data = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz").read_bytes()
-    except (FileNotFoundError, OSError, ModuleNotFoundError, ImportError):
+    except (OSError, ImportError):
         return None
     loaded: dict[str, Any] = json.loads(lzma.decompress(data))
     return loaded
