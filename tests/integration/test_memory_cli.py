@@ -59,11 +59,18 @@ def test_a_run_that_does_not_fit_says_by_how_much_and_what_to_change(cli) -> Non
     assert document["max_micro_batch"] == 0 and 0 < document["max_seq_len"] < 2048
     suggestions = document["suggestions"]
     assert any(s["fits"] for s in suggestions)
-    assert all(s["device_total_gib"] > 0 and s["settings"] for s in suggestions)
+    assert all(s["settings"] for s in suggestions)
+    assert all(s["device_total_gib"] > 0 for s in suggestions if s["estimated"])
+    # no shipped template covers these two: listed without a figure rather than traced (--trace-suggestions)
+    untraced = {"compute the loss in chunks", "step the optimizer in the backward pass (grad_accum 1)"}
+    assert {s["change"] for s in suggestions if not s["estimated"]} <= untraced
+    assert all(s["device_total_gib"] is None and s["fits"] is None for s in suggestions if not s["estimated"])
     changes = {s["change"] for s in suggestions}
     assert "turn on gradient checkpointing" in changes and "use QLoRA (4-bit NF4 base weights)" in changes
     human = cli(*ACCEPTANCE, "--gpu", "rtx-4090")
     assert "does not fit" in human.stdout and "GiB over" in human.stdout and "What would make it fit" in human.stdout
+    if not all(s["estimated"] for s in suggestions):
+        assert "--trace-suggestions" in human.stdout
 
 
 def test_checkpointing_auto_turns_on_only_when_needed(cli) -> None:

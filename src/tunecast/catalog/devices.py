@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -174,6 +173,8 @@ def _log_interp(line: list[tuple[int, float]], x: float) -> float:
 
 
 def this_host() -> str:
+    import socket  # here: most commands never ask for the host name
+
     return socket.gethostname() or "localhost"
 
 

@@ -18,7 +18,7 @@ RowT = TypeVar("RowT", bound="CatalogRow")
 class CatalogRow(BaseModel):
     """Base of every catalog row: immutable, no unknown columns, a dated source on every row."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     as_of: date
     source: str

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -121,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         result = app(args=args, prog_name="tunecast", standalone_mode=False)
     except TunecastError as error:
         if debug:
+            import traceback
+
             traceback.print_exc()
         report_error(error, json_output=_wants_json(args))
         sys.exit(2)
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(error.exit_code)
     except Exception as error:  # a bug in tunecast, not the user's fault
         if debug:
+            import traceback
+
             traceback.print_exc()
         else:
             err.print(f"[red bold]internal error:[/] {type(error).__name__}: {error}\n"

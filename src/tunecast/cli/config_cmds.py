@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.markup import escape
 
 from tunecast.atomic import write_text_atomic
@@ -14,7 +13,6 @@ from tunecast.cli.app import state
 from tunecast.cli.render import err, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import LoadedSpec, load_spec
-from tunecast.config.starter import starter_yaml
 from tunecast.errors import TunecastError
 from tunecast.units import format_params
 
@@ -81,6 +79,8 @@ def validate_command(
                     "warnings": [w.as_dict() for w in loaded.warnings]})
         return
     if show:
+        import yaml  # here: the commands that share load_from_cli print no YAML
+
         out.print(escape(yaml.safe_dump(resolved_document(loaded), sort_keys=False, allow_unicode=True)),
                   end="")
     else:
@@ -100,6 +100,8 @@ def init_command(
     if path.exists() and not force:
         raise TunecastError(f"{path} already exists", field="path",
                             hint="choose another path, or pass --force to overwrite it")
+    from tunecast.config.starter import starter_yaml  # here: it reads YAML, which other commands do not need
+
     write_text_atomic(path, starter_yaml(model, str(path)))
     out.print(f"Wrote {escape(str(path))}. Check it with: tunecast validate {escape(str(path))}")
     err.print("[dim]Every key in it is at its default; delete the ones you do not change.[/]")

@@ -30,6 +30,11 @@ def memory_command(
     = None,
     device: Annotated[str, typer.Option("--device", help="cuda (default) or cpu.")] = "cuda",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    trace_suggestions: Annotated[bool, typer.Option(
+        "--trace-suggestions",
+        help="With --gpu, estimate every suggested change, tracing those no shipped template or cached estimate "
+             "covers (about a minute each for a large model on a laptop CPU). Without it they are listed with "
+             "no figure.")] = False,
     *,
     spec_args: SpecArgs,
 ) -> None:
@@ -37,7 +42,7 @@ def memory_command(
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
     loaded = load_from_cli(ctx, config, spec_args)
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
-        answer = answer_memory(loaded, state(ctx).catalog(), device=device)
+        answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions)
     if json_output:
         print_json(answer.as_dict(loaded))
         return
@@ -99,11 +104,15 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
         changes.add_column("device GiB", justify="right")
         changes.add_column("as --set")
         for suggestion in fit.suggestions:
-            mark = "[green]✓[/]" if suggestion.fits else "[red]✗[/]"
+            mark = {True: "[green]✓[/]", False: "[red]✗[/]", None: "[yellow]?[/]"}[suggestion.fits]
             sets = " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}"
                             for k, v in suggestion.settings.items())
-            changes.add_row(mark, escape(suggestion.change), f"{suggestion.device_total_gib:.1f}", escape(sets))
+            gib = "—" if suggestion.device_total_gib is None else f"{suggestion.device_total_gib:.1f}"
+            changes.add_row(mark, escape(suggestion.change), gib, escape(sets))
         out.print(changes)
+        if any(suggestion.device_total_gib is None for suggestion in fit.suggestions):
+            out.print("  [yellow]?[/] not estimated: no shipped template covers it, and tracing it takes about a "
+                      "minute (--trace-suggestions)")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from tunecast.catalog.gpus import Gpu
@@ -39,6 +38,8 @@ def parse_set(text: str) -> Override:
     if not separator or not key:
         raise TunecastError(f"--set {text!r} is not of the form key=value", field="--set",
                             hint="write --set dotted.key=value, for example --set lora.dropout=0.05")
+    import yaml  # here: a command given typed flags only reads no YAML
+
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

@@ -7,7 +7,11 @@ Cross-field rules live in `checks.py`; reading YAML and applying overrides lives
 
 from __future__ import annotations
 
+import ast
+import inspect
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -44,9 +48,9 @@ def _name_list(value: object, expected: str) -> list[str]:
 
 
 class _Section(BaseModel):
-    """Common settings: unknown keys are errors, field docstrings become descriptions."""
+    """Common settings: unknown keys are errors, field docstrings become descriptions (`_attach_docstrings`)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
 class LoraSpec(_Section):
@@ -377,3 +381,40 @@ class RunSpec(_Section):
     def default_output(self) -> str:
         short = self.model.rstrip("/").split("/")[-1].removesuffix(".json")
         return f"runs/{short}-{self.method}"
+
+
+def _field_docstrings(source: str) -> dict[str, dict[str, str]]:
+    """Each class's field docstrings (a string right after an annotated field), by class and field name."""
+    found: dict[str, dict[str, str]] = {}
+    for node in ast.parse(source).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs = found.setdefault(node.name, {})
+        for field, after in zip(node.body, node.body[1:], strict=False):
+            if (isinstance(field, ast.AnnAssign) and isinstance(field.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[field.target.id] = inspect.cleandoc(after.value.value)
+    return found
+
+
+def _attach_docstrings() -> None:
+    """Field docstrings become the fields' descriptions (what `tunecast init` and the flags' help print).
+    One parse of this module: pydantic's `use_attribute_docstrings` finds each class's source again, a
+    tenth of a warm `tunecast memory` on a 2-core machine. Without the source (a build that ships bytecode
+    only) fields have no description."""
+    try:
+        docs = _field_docstrings(Path(__file__).read_text(encoding="utf-8"))
+    except OSError:
+        return
+    module = sys.modules[__name__]
+    for value in vars(module).values():
+        if not (isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == __name__):
+            continue
+        for name, field in value.model_fields.items():
+            if field.description is None:
+                field.description = next((docs[base.__name__][name] for base in value.__mro__
+                                          if name in docs.get(base.__name__, {})), None)
+
+
+_attach_docstrings()

@@ -39,8 +39,10 @@ class MemoryAnswer:
         return document
 
 
-def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> MemoryAnswer:
-    """Estimate the run's per-GPU memory; with `gpus.gpu` set, also fit, limits and suggestions.
+def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool = False
+                  ) -> MemoryAnswer:
+    """Estimate the run's per-GPU memory; with `gpus.gpu` set, also fit, limits and suggestions (those that
+    would need a trace of their own only with `trace_suggestions`).
 
     `grad_checkpointing: auto` is off unless the run does not fit the GPU without it.
     """
@@ -70,7 +72,8 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
         context = loaded.model.max_position_embeddings
         run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
             update={"grad_checkpointing": checkpointing})
-        fit = fit_report(run_spec, estimate, gpu, estimator_total(config, gpu, catalog.overheads), context_len=context)
+        fit = fit_report(run_spec, estimate, gpu, estimator_total(config, gpu, catalog.overheads), context_len=context,
+                         trace_suggestions=trace_suggestions)
         if spec.micro_batch == "auto" and fit.max_micro_batch >= 1:
             # `auto` is left open: the answer is the largest micro-batch that fits, as `tunecast train` takes it
             # (there, also dividing the sequences of a step)
@@ -79,5 +82,6 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> Memor
                                        grad_checkpointing=checkpointing, micro_batch=chosen)
             estimate = replace(estimate, notes=(*estimate.notes, f"micro_batch auto: {chosen}, the largest that fits"))
             fit = fit_report(run_spec.model_copy(update={"micro_batch": chosen}), estimate, gpu,
-                             estimator_total(config, gpu, catalog.overheads), context_len=context)
+                             estimator_total(config, gpu, catalog.overheads), context_len=context,
+                             trace_suggestions=trace_suggestions)
     return MemoryAnswer(estimate, fit, checkpointing)

@@ -2,7 +2,9 @@
 
 Micro-batch and length sweeps replay the cached step profiles (no new trace): allocation sizes are
 polynomials in both. Changes that alter the traced step (checkpointing, chunked loss, optimizer in
-backward) trace once more, and are cached like any other estimate.
+backward) are estimated from their templates; one that no template or cache entry serves is listed without
+a figure unless the caller lets it trace (`trace`: about a minute a change for a large model on a laptop
+CPU), and is cached like any other estimate once traced.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead
 from tunecast.config.spec import TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+from tunecast.estimate.profiles import NeedsTrace
 
 MAX_MICRO_BATCH = 4096
 SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
@@ -22,16 +25,18 @@ SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
 
 @dataclass(frozen=True)
 class Suggestion:
-    """A change to the run, and the per-GPU memory it leads to."""
+    """A change to the run, and the per-GPU memory it leads to: None (and `fits` None) when estimating it
+    needs a trace the caller did not allow."""
 
     change: str
     settings: dict[str, Any]
-    device_total_gib: float
-    fits: bool
+    device_total_gib: float | None
+    fits: bool | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"change": self.change, "settings": self.settings,
-                "device_total_gib": round(self.device_total_gib, 3), "fits": self.fits}
+        gib = None if self.device_total_gib is None else round(self.device_total_gib, 3)
+        return {"change": self.change, "settings": self.settings, "device_total_gib": gib, "fits": self.fits,
+                "estimated": self.device_total_gib is not None}
 
 
 @dataclass(frozen=True)
@@ -72,8 +77,9 @@ def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
 
 
 Total = Callable[..., float]
-"""total(run_spec, micro_batch=…, seq_len=…, exact=…) → per-GPU device memory in GiB of that run. `exact`
-says the answer is wanted at this one shape (no sweep will follow)."""
+"""total(run_spec, micro_batch=…, seq_len=…, exact=…, trace=…) → per-GPU device memory in GiB of that run.
+`exact` says the answer is wanted at this one shape (no sweep will follow); `trace=False` raises NeedsTrace
+where the answer would need a trace."""
 
 
 def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Overhead, ...]) -> Total:
@@ -82,16 +88,17 @@ def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Over
 
     on_cpu = is_cpu(gpu)
 
-    def total(run: RunSpec, *, exact: bool = False, **shape: int) -> float:
+    def total(run: RunSpec, *, exact: bool = False, trace: bool = True, **shape: int) -> float:
         return estimate_memory(run, config_data, device="cpu" if on_cpu else "cuda", gpu=None if on_cpu else gpu,
-                               overheads=overheads, exact_shape=exact, **shape).device_total_gib
+                               overheads=overheads, exact_shape=exact, trace=trace, **shape).device_total_gib
 
     return total
 
 
 def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, *,
-               context_len: int | None) -> FitReport:
-    """Whether `spec` fits `gpu`, its largest micro-batch and length, and changes that would make it fit."""
+               context_len: int | None, trace_suggestions: bool = False) -> FitReport:
+    """Whether `spec` fits `gpu`, its largest micro-batch and length, and changes that would make it fit
+    (each with its figure where a template or the cache serves it, or `trace_suggestions` lets it trace)."""
     capacity = gpu.usable_memory_gib
     max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
     seq_cap = context_len or 1 << 20
@@ -102,12 +109,21 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
         warnings.append(
             f"only a micro-batch of {max_batch} fits: training gets slower and noisier (make up the batch with "
             "gradient accumulation), and a card with more memory may be the better buy")
-    suggestions = () if fits else tuple(_suggestions(spec, total, capacity, max_batch))
+    suggestions = () if fits else tuple(_suggestions(spec, total, capacity, max_batch, trace_suggestions))
     return FitReport(gpu.slug, capacity, fits, capacity - estimate.device_total_gib, max(max_batch, 0),
                      max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings))
 
 
-def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, max_batch: int) -> list[Suggestion]:
+def _estimated(change: str, settings: dict[str, Any], run: RunSpec, total: Total, capacity: float,
+               trace: bool) -> Suggestion:
+    try:
+        peak: float | None = total(run, exact=True, trace=trace)
+    except NeedsTrace:
+        peak = None
+    return Suggestion(change, settings, peak, None if peak is None else peak <= capacity)
+
+
+def _suggestions(spec: RunSpec, total: Total, capacity: float, max_batch: int, trace: bool) -> list[Suggestion]:
     """Single changes first, each with its estimated peak; then changes combined until the run fits."""
     candidates: list[tuple[str, dict[str, Any]]] = []
     if spec.grad_checkpointing is not True:
@@ -134,34 +150,33 @@ def _suggestions(spec: RunSpec, total: Callable[..., float], capacity: float, ma
                            {"micro_batch": smaller, "grad_accum": per_step // smaller}))
     candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
                        {"gpus.strategy": "fsdp", "gpus.offload": "params"}))
-    found = []
-    for change, settings in candidates:
-        peak = total(spec.with_changes(settings), exact=True)
-        found.append(Suggestion(change, settings, peak, peak <= capacity))
-    sharded = _fewest_gpus(spec, total, capacity)
+    found = [_estimated(change, settings, spec.with_changes(settings), total, capacity, trace)
+             for change, settings in candidates]
+    sharded = _fewest_gpus(spec, total, capacity, trace)
     if sharded is not None:
         found.append(sharded)
     if not any(s.fits for s in found):
-        found.extend(_combined(spec, total, capacity))
+        found.extend(_combined(spec, total, capacity, trace))
     return found
 
 
-def _fewest_gpus(spec: RunSpec, total: Callable[..., float], capacity: float) -> Suggestion | None:
+def _fewest_gpus(spec: RunSpec, total: Total, capacity: float, trace: bool) -> Suggestion | None:
     """The fewest GPUs (2, 4 or 8) over which FSDP makes the run fit; 8 when none does."""
     last: Suggestion | None = None
     for count in (2, 4, 8):
         if count <= spec.gpus.count:
             continue
         settings = {"gpus.count": count, "gpus.strategy": "fsdp"}
-        peak = total(spec.with_changes(settings), exact=True)
-        last = Suggestion(f"shard over {count} GPUs with FSDP", settings, peak, peak <= capacity)
-        if last.fits:
+        last = _estimated(f"shard over {count} GPUs with FSDP", settings, spec.with_changes(settings), total,
+                          capacity, trace)
+        if last.fits is not False:
             break
     return last
 
 
-def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> list[Suggestion]:
-    """Add memory-saving changes one at a time, cheapest in speed first, until the run fits."""
+def _combined(spec: RunSpec, total: Total, capacity: float, trace: bool) -> list[Suggestion]:
+    """Add memory-saving changes one at a time, cheapest in speed first, until the run fits; without
+    `trace`, a change whose figure would need a trace is left out of the combination."""
     steps: list[tuple[str, dict[str, Any]]] = [
         ("gradient checkpointing", {"grad_checkpointing": True}),
         ("chunked loss", {"loss": "chunked"}),
@@ -172,14 +187,20 @@ def _combined(spec: RunSpec, total: Callable[..., float], capacity: float) -> li
     ]
     applied: dict[str, Any] = {}
     names: list[str] = []
+    peak: float | None = None
     for name, settings in steps:
         if not settings:
             continue
+        try:
+            tried = total(spec.with_changes({**applied, **settings}), exact=True, trace=trace)
+        except NeedsTrace:
+            continue
         applied.update(settings)
         names.append(name)
-        peak = total(spec.with_changes(applied), exact=True)
+        peak = tried
         if peak <= capacity:
             return [Suggestion("combine " + " + ".join(names), applied, peak, True)]
-    return [Suggestion("combine " + " + ".join(names), applied, total(spec.with_changes(applied), exact=True),
-                       False)]
+    if peak is None:
+        return []
+    return [Suggestion("combine " + " + ".join(names), applied, peak, False)]
 

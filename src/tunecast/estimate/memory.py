@@ -208,7 +208,7 @@ def _seq_rungs(seq: int, window: int | None) -> list[int]:
 
 
 def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec: RunSpec, pair: ProfilePair,
-                     batch: int, seq: int, workspace: int) -> int:
+                     batch: int, seq: int, workspace: int, trace: bool = True) -> int:
     """Bytes reserved at (batch, seq), made monotone in micro-batch and length.
 
     The simulated reserve is not: a larger tensor can land in a free block a smaller one could not use, so a
@@ -232,7 +232,8 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
             # trace differently is traced at one shape, once). Left out if it holds that one shape only.
             first_seq = next(x for x in _seq_rungs(s, window) if sliding_window_offset(config_data, x) == regime[1])
             try:
-                other: ProfilePair | None = get_profiles(config_data, settings, 1 if regime[0] else 2, first_seq)
+                other: ProfilePair | None = get_profiles(config_data, settings, 1 if regime[0] else 2, first_seq,
+                                                         trace=trace)
             except TracingUnavailable:
                 other = None
             pairs[regime] = other if other is not None and other.exact_shape is None else None
@@ -429,9 +430,11 @@ def _param_bytes(spec: RunSpec) -> int:
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
                     overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
                     micro_batch: int | None = None, seq_len: int | None = None,
-                    pair: ProfilePair | None = None, exact_shape: bool = False) -> MemoryEstimate:
+                    pair: ProfilePair | None = None, exact_shape: bool = False, trace: bool = True
+                    ) -> MemoryEstimate:
     """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
-    only this micro-batch and length when nothing is cached (cheaper; no sweeps from it)."""
+    only this micro-batch and length when nothing is cached (cheaper; no sweeps from it). Without `trace`,
+    settings that neither a template nor the cache serves raise NeedsTrace (profiles.py)."""
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
     batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
@@ -441,10 +444,10 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     ladder: float | None = None  # reserved by the ladder rule (profiles that sweep shapes, on CUDA)
     try:
         if pair is None or not pair.covers(batch, seq):
-            pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape)
+            pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
         step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace)
         if cuda and pair.exact_shape is None:
-            ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace))
+            ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
     except TracingUnavailable as reason:
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),

@@ -17,6 +17,7 @@ category breakdown at that peak, and (on CUDA) the caching allocator's rounding 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -78,7 +79,7 @@ class StepProfile:
     """The events of one traced configuration at one depth, sizes as polynomials in (b, s)."""
 
     layers: int
-    events: list[ProfileEvent]
+    events: Sequence[ProfileEvent]
     facts: ModelFacts
     flops: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """FLOPs of one step's forward and backward by kind (`matmul`, `attention`), and the other summed
@@ -155,7 +156,7 @@ def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[Trace])
     # batch's tokens, b·s (matmuls) or b·s² (attention scores), so two shapes determine them.
     counted = [(shape, trace) for shape, trace in zip(shapes, traces, strict=True) if "matmul" in trace.flops][:2]
     if len(counted) == 2:
-        flop_rows = [(b * s, b * s * s) for (b, s), _ in counted]
+        flop_rows: list[tuple[int, ...]] = [(b * s, b * s * s) for (b, s), _ in counted]
         for kind in ("matmul", "attention"):
             per_token, per_pair = _solve(flop_rows, [round(trace.flops[kind]) for _, trace in counted])
             flops[kind] = (0.0, 0.0, 0.0, float(per_token), float(per_pair), 0.0)

@@ -12,7 +12,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +52,22 @@ def library_versions() -> dict[str, str]:
     found = {}
     for package in ("torch", "transformers", "peft"):
         try:
-            found[package] = version(package)
+            found[package] = _version(package)
         except PackageNotFoundError:
             found[package] = "absent"
     return found
+
+
+def _version(package: str) -> str:
+    """The installed version: the `Version:` line of the package's metadata, read without parsing the whole
+    file as email headers (`importlib.metadata.version` does; a tenth of a warm estimate's own time)."""
+    dist = distribution(package)
+    for line in (dist.read_text("METADATA") or "").splitlines():
+        if line.startswith("Version:"):
+            return line.removeprefix("Version:").strip()
+        if not line:  # the headers end at the first blank line
+            break
+    return dist.version
 
 
 def _versions() -> dict[str, str]:
@@ -115,6 +127,10 @@ class TracingUnavailable(Exception):
     """This torch build lacks the fake-tensor API the tracer needs."""
 
 
+class NeedsTrace(Exception):
+    """Asked not to trace, and neither a template nor the cache serves these settings."""
+
+
 def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
                    exact: bool = False) -> ProfilePair:
     """Trace the two shallow depths and fit their profiles; cache the result. With `exact`, trace the
@@ -172,10 +188,10 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
 _INSTANTIATED: dict[tuple[Path, str], ProfilePair] = {}
 
 
-def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int
-                       ) -> ProfilePair | None:
+def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
+                       trace: bool = True) -> ProfilePair | None:
     """The profiles from the template of this model's structure (templates.py), or None when no template
-    serves it. No torch is imported unless the template has to be built."""
+    serves it. No torch is imported unless the template has to be built (without `trace`: NeedsTrace)."""
     from tunecast.estimate import templates
 
     if not templates.applies(config_data, settings, seq):
@@ -187,8 +203,8 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     if instance in _INSTANTIATED:
         return _INSTANTIATED[instance]
     try:
-        profiles = templates.instantiate(templates.get_template(config_data, settings, multi), config_data,
-                                         settings)
+        profiles = templates.instantiate(templates.get_template(config_data, settings, multi, trace=trace),
+                                         config_data, settings)
     except templates.NoTemplate:
         return None
     pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
@@ -199,13 +215,15 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
 
 
 def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
-                 exact: bool = False) -> ProfilePair:
+                 exact: bool = False, trace: bool = True) -> ProfilePair:
     """The profiles for these settings at (batch, seq): from a template where one serves the model, else
-    from the cache, else traced."""
+    from the cache, else traced (without `trace`: NeedsTrace instead)."""
     cached = cached_profiles(config_data, settings, batch, seq)
     if cached is not None and cached.covers(batch, seq):
         return cached
-    templated = templated_profiles(config_data, settings, batch, seq)
+    templated = templated_profiles(config_data, settings, batch, seq, trace=trace)
     if templated is not None:
         return templated
+    if not trace:
+        raise NeedsTrace("neither a template nor the cache serves these settings")
     return trace_profiles(config_data, settings, batch, seq, exact=exact)

@@ -18,10 +18,11 @@ import functools
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
@@ -31,7 +32,7 @@ from tunecast.estimate.shape import layer_period, num_layers, shallow_config_dat
 from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_dir
 
-TEMPLATE_FORMAT = 2
+TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())
 # The basis slot of each (b, s) exponent pair a size may have.
 _SLOTS = {(0, 0): 0, (0, 1): 1, (0, 2): 2, (1, 1): 3, (1, 2): 4, (1, 0): 5}
 _B, _S = symbols.VARIABLES.index("b"), symbols.VARIABLES.index("s")
@@ -104,7 +105,7 @@ def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
             if read is None:
                 return None
             poly = read
-        events.append([event.kind, event.key, symbols.to_json(poly), event.category, event.phase, event.step])
+        events.append((event.kind, event.key, symbols.to_json(poly), event.category, event.phase, event.step))
     summed = {name: terms for name, terms in trace.terms.items() if not name.startswith("fact_")}
     sums = {name: symbols.to_json(symbols.add(terms)) for name, terms in summed.items()
             if not name.endswith("_capped")}
@@ -113,8 +114,32 @@ def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
     facts = _facts_terms(trace.terms)
     if facts is None:
         return None
-    return {"events": events, "sums": sums, "capped": capped, "facts": facts, "attention": trace.facts.attention,
-            "param_dtype_bytes": trace.facts.param_dtype_bytes}
+    return {"events": columns(events), "sums": sums, "capped": capped, "facts": facts,
+            "attention": trace.facts.attention, "param_dtype_bytes": trace.facts.param_dtype_bytes}
+
+
+def columns(events: list[tuple[str, int, Any, str, str, int]]) -> dict[str, Any]:
+    """Events (kind, key, size polynomial, category, phase, step) stored by column: the strings as indices
+    into `names`, the sizes as indices into `polys` (a step allocates thousands of tensors of a few dozen
+    sizes). A warm `tunecast memory` reads a template in a fifth of the time the rows took."""
+    names: dict[str, int] = {}
+    polys: dict[str, int] = {}
+    kept: list[Any] = []
+
+    def name(text: str) -> int:
+        return names.setdefault(text, len(names))
+
+    def poly(value: Any) -> int:
+        text = json.dumps(value)
+        if text not in polys:
+            polys[text] = len(polys)
+            kept.append(value)
+        return polys[text]
+
+    kind, key, size, category, phase, step = zip(*events, strict=True) if events else ((),) * 6
+    return {"kind": [name(k) for k in kind], "key": list(key), "size": [poly(p) for p in size],
+            "category": [name(c) for c in category], "phase": [name(p) for p in phase], "step": list(step),
+            "names": list(names), "polys": kept}
 
 
 def _facts_terms(terms: dict[str, Any]) -> dict[str, Any] | None:
@@ -145,20 +170,54 @@ def _coefficients(poly: symbols.Poly, values: dict[str, int]) -> tuple[float, ..
     return tuple(float(c) for c in slots)
 
 
+class _Events(Sequence[ProfileEvent]):
+    """A template's events, built on first use: a warm estimate whose replays are kept (replays.py) reads
+    none of them, and building a 70B model's four profiles' tens of thousands of events is a tenth of it."""
+
+    def __init__(self, build: Callable[[], list[ProfileEvent]]) -> None:
+        self._build: Callable[[], list[ProfileEvent]] | None = build
+        self._events: list[ProfileEvent] = []
+
+    def _built(self) -> list[ProfileEvent]:
+        if self._build is not None:
+            self._events, self._build = self._build(), None
+        return self._events
+
+    @overload
+    def __getitem__(self, index: int) -> ProfileEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ProfileEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> ProfileEvent | Sequence[ProfileEvent]:
+        return self._built()[index]
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+    def __iter__(self) -> Iterator[ProfileEvent]:
+        return iter(self._built())
+
+
 def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]) -> StepProfile:
-    events = []
-    sizes: dict[str, tuple[float, ...]] = {}  # a step allocates thousands of tensors of a few dozen sizes
-    for kind, key, poly, category, phase, step in data["events"]:
-        size: tuple[float, ...] = ()
-        if kind == ALLOC:
-            text = str(poly)
-            if text not in sizes:
-                coefficients = _coefficients(symbols.from_json(poly), values)
-                if coefficients is None:
-                    raise NoTemplate("a size outside the profile's basis")
-                sizes[text] = coefficients
-            size = sizes[text]
-        events.append(ProfileEvent(kind, key, size, category, phase, step))
+    table = data["events"]
+    sizes = []
+    for poly in table["polys"]:
+        coefficients = _coefficients(symbols.from_json(poly), values)
+        if coefficients is None:
+            raise NoTemplate("a size outside the profile's basis")
+        sizes.append(coefficients)
+    names = table["names"]
+    alloc = names.index(ALLOC) if ALLOC in names else -1
+
+    def build() -> list[ProfileEvent]:
+        return [ProfileEvent(names[kind], key, sizes[size] if kind == alloc else (), names[category],
+                             names[phase], step)
+                for kind, key, size, category, phase, step in zip(table["kind"], table["key"], table["size"],
+                                                                  table["category"], table["phase"],
+                                                                  table["step"], strict=True)]
+
+    events = _Events(build)
     flops = {}
     for name, poly in data["sums"].items():
         coefficients = _coefficients(symbols.from_json(poly), values)
@@ -313,13 +372,17 @@ def cached_template(key: str) -> dict[str, Any] | None:
     return found
 
 
-def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> dict[str, Any]:
-    """The template for this structure and these settings, built (and cached) on first use."""
-    from tunecast.estimate.profiles import TracingUnavailable
+def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool, *, trace: bool = True
+                 ) -> dict[str, Any]:
+    """The template for this structure and these settings, built (and cached) on first use; without `trace`,
+    one that would have to be built raises NeedsTrace."""
+    from tunecast.estimate.profiles import NeedsTrace, TracingUnavailable
     from tunecast.estimate.tracer import tracing_available
 
     key = template_key(config_data, settings, multi)
     found = cached_template(key)
+    if found is None and not trace:
+        raise NeedsTrace("no template of this structure and these settings is shipped or cached")
     if found is None:
         missing = tracing_available()
         if missing is not None:

@@ -10,6 +10,7 @@ from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.fit import _largest, fit_report
 from tunecast.estimate.memory import MemoryEstimate
+from tunecast.estimate.profiles import NeedsTrace
 
 
 def test_largest_finds_the_edge_of_a_monotone_predicate() -> None:
@@ -24,7 +25,7 @@ def gpu(usable_gib: float) -> Gpu:
 
 
 def synthetic_total(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None,
-                    exact: bool = False) -> float:
+                    exact: bool = False, trace: bool = True) -> float:
     """GiB: weights 4 (1 as QLoRA), 0.5 per 1k tokens of activations (0.1 with checkpointing), ÷ GPUs."""
     batch = micro_batch or run.micro_batch
     seq = seq_len or run.seq_len
@@ -87,3 +88,29 @@ def test_a_micro_batch_of_one_or_two_is_flagged() -> None:
     fit = fit_report(spec, estimate_of(spec), gpu(5.5), synthetic_total, context_len=None)  # one sequence: 5 GiB
     assert fit.max_micro_batch == 1
     assert any("micro-batch of 1" in w for w in fit.warnings)
+
+
+def untemplated_chunked_loss(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None,
+                             exact: bool = False, trace: bool = True) -> float:
+    """synthetic_total, but the chunked loss has no template: without `trace` it cannot be estimated."""
+    if run.loss == "chunked" and not trace:
+        raise NeedsTrace("no template")
+    return synthetic_total(run, micro_batch, seq_len, exact, trace) - (0.5 if run.loss == "chunked" else 0.0)
+
+
+def test_a_change_that_needs_a_trace_is_listed_without_a_figure_unless_tracing_is_allowed() -> None:
+    spec = RunSpec(model="x", micro_batch=16, seq_len=4000)  # no single change fits 5 GiB
+    fit = fit_report(spec, estimate_of(spec), gpu(5.0), untemplated_chunked_loss, context_len=None)
+    changes = {s.change: s for s in fit.suggestions}
+    chunked = changes["compute the loss in chunks"]
+    assert chunked.device_total_gib is None and chunked.fits is None
+    assert chunked.as_dict()["estimated"] is False and chunked.as_dict()["device_total_gib"] is None
+    [combined] = [s for s in fit.suggestions if s.change.startswith("combine")]
+    assert combined.change == "combine gradient checkpointing + 8-bit AdamW + QLoRA + micro-batch 1"
+    assert "loss" not in combined.settings and combined.fits
+
+    traced = fit_report(spec, estimate_of(spec), gpu(5.0), untemplated_chunked_loss, context_len=None,
+                        trace_suggestions=True)
+    changes = {s.change: s for s in traced.suggestions}
+    assert changes["compute the loss in chunks"].device_total_gib == pytest.approx(4 + 32 - 0.5)
+    assert all(s.as_dict()["estimated"] for s in traced.suggestions)
