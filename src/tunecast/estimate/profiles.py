@@ -35,13 +35,16 @@ class ProfilePair:
     layers: int
     exact_shape: tuple[int, int] | None  # set when the profiles hold one (b, s) only
     single: bool | None = None  # from a template: True when it serves micro-batch 1 only, False for 2 and up
-    longest: int | None = None  # from a template: the sliding window it holds below
+    longest: int | None = None  # from a template below a sliding window: the window
+    shortest: int | None = None  # from a template above a sliding window: the window + 1
     origin: str | None = None  # what names these profiles (their cache key), for kept replays (replays.py)
 
     def covers(self, batch: int, seq: int) -> bool:
         if self.single is not None and self.single != (batch == 1):
             return False
         if self.longest is not None and seq > self.longest:
+            return False
+        if self.shortest is not None and seq < self.shortest:
             return False
         return self.exact_shape is None or self.exact_shape == (batch, seq)
 
@@ -194,21 +197,24 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     serves it. No torch is imported unless the template has to be built (without `trace`: NeedsTrace)."""
     from tunecast.estimate import templates
 
-    if not templates.applies(config_data, settings, seq):
+    if not templates.applies(config_data, settings):
         return None
     multi = batch >= 2
-    key = templates.template_key(config_data, settings, multi)
+    above = templates.above_window(config_data, seq)
+    window = sliding_window(config_data)
+    key = templates.template_key(config_data, settings, multi, above)
     instance = (templates.cache_path(key), json.dumps(text_config_data(config_data), sort_keys=True, default=str)
                 + str(settings.adapters.rank))
     if instance in _INSTANTIATED:
         return _INSTANTIATED[instance]
     try:
-        profiles = templates.instantiate(templates.get_template(config_data, settings, multi, trace=trace),
-                                         config_data, settings)
+        profiles = templates.instantiate(templates.get_template(config_data, settings, multi, above=above,
+                                                                trace=trace), config_data, settings)
     except templates.NoTemplate:
         return None
     pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
-                       longest=sliding_window(config_data),
+                       longest=None if above else window,
+                       shortest=window + 1 if above and window is not None else None,
                        origin="template " + instance[0].stem + " " + instance[1])
     _INSTANTIATED[instance] = pair
     return pair

@@ -23,9 +23,17 @@ def text_config_data(data: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(chosen)
 
 
+# Types whose config class drops `sliding_window` unless `use_sliding_window` is set (transformers 5; checked in
+# tests/unit/estimate/test_templates.py): their published configs often carry a window the model never uses.
+WINDOW_UNLESS_USED = frozenset({"qwen2", "qwen3", "qwen3_moe"})
+
+
 def sliding_window(data: dict[str, Any]) -> int | None:
-    """The config's sliding attention window in tokens, or None when it has none."""
-    window = text_config_data(data).get("sliding_window")
+    """The sliding attention window the model uses, in tokens, or None when it has none."""
+    config = text_config_data(data)
+    if config.get("model_type") in WINDOW_UNLESS_USED and config.get("use_sliding_window") is not True:
+        return None
+    window = config.get("sliding_window")
     return window if isinstance(window, int) and window > 0 else None
 
 

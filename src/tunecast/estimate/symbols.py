@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tunecast.estimate.shape import WINDOW_UNLESS_USED
+
 VARIABLES = ("kv", "g", "hd2", "x", "i", "V", "r", "b", "s", "e", "k", "m")
 Term = tuple[int, tuple[int, ...]]
 Poly = tuple[Term, ...]
@@ -61,7 +63,11 @@ _RENAMED = {"gpt2": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "
 # Mixture-of-experts types of the same attention, and the config keys of their experts: (count, routed per
 # token, expert width). Mixtral's experts are as wide as its intermediate size (it has no dense MLP).
 MOE_TYPES = {"mixtral": ("num_local_experts", "num_experts_per_tok", None),
-             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
+             "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+             "gpt_oss": ("num_local_experts", "num_experts_per_tok", None)}
+# Types whose hidden size is not the heads' total width (gpt-oss: 2880 against 64 heads of 64): for them `x`
+# is the hidden size itself, in width units, not the hidden size per head.
+_FREE_HIDDEN = frozenset({"gpt_oss"})
 # Config entries that do not change which tensors a training step allocates (token ids, numerical
 # constants, bookkeeping): left out of the structure a template is keyed on.
 _INERT_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id", "rms_norm_eps", "initializer_range",
@@ -77,11 +83,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "mixtral": {"attention_dropout": 0.0},
     "qwen3": {"attention_bias": False, "attention_dropout": 0.0},
     "qwen3_moe": {"attention_bias": False, "attention_dropout": 0.0},
+    "gpt_oss": {"attention_bias": True, "attention_dropout": 0.0, "output_router_logits": False},
 }
 # Entries some published configs carry that transformers 5.x no longer reads (checked in test_templates.py).
-_UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"use_mrope"})}
-# Types whose config class drops `sliding_window` unless `use_sliding_window` is set.
-_WINDOW_UNLESS_USED = frozenset({"qwen2", "qwen3", "qwen3_moe"})
+_UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"use_mrope"}),
+           "gpt_oss": frozenset({"experts_per_token", "initial_context_length"})}
 _DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                    "vocab_size", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                    "n_embd", "n_head", "n_inner")
@@ -198,7 +204,8 @@ def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
         kv = int(config.get("num_key_value_heads") or heads)
         hidden = int(config["hidden_size"])
         head_dim = int(config.get("head_dim") or hidden // heads)
-        widths = {"x": hidden // heads, "i": int(config["intermediate_size"])}
+        free = model_type in _FREE_HIDDEN
+        widths = {"x": hidden if free else hidden // heads, "i": int(config["intermediate_size"])}
         values = {"kv": kv, "g": heads // kv, "hd2": head_dim // head_unit, "V": int(config["vocab_size"])}
         if model_type in MOE_TYPES:
             experts, routed, width = MOE_TYPES[str(model_type)]
@@ -209,7 +216,7 @@ def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
                 return None
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
-    if heads % kv or head_dim % head_unit or hidden % heads:
+    if heads % kv or head_dim % head_unit or (hidden % heads and not free):
         return None
     if not config.get("head_dim"):
         widths.pop("x")  # folded into the head size (x is set to 1 by variable_values)
@@ -228,7 +235,7 @@ def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     inert = set(_INERT_KEYS) | _UNREAD.get(model_type, frozenset())
     if config.get("use_sliding_window") is True:
         inert.discard("max_window_layers")
-    elif model_type in _WINDOW_UNLESS_USED:
+    elif model_type in WINDOW_UNLESS_USED:
         inert.add("sliding_window")
     defaults = {**_DEFAULTS.get(model_type, {}), "rope_scaling": None}
     kept = {k: v for k, v in config.items()
@@ -250,7 +257,7 @@ def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict
     shaped["num_attention_heads"] = heads
     if config.get("head_dim"):
         shaped["head_dim"] = head_unit * markers["hd2"]
-        shaped["hidden_size"] = heads * width_unit * markers["x"]
+        shaped["hidden_size"] = (1 if config.get("model_type") in _FREE_HIDDEN else heads) * width_unit * markers["x"]
     else:  # the head size is the hidden size per head: one marker serves both
         shaped["hidden_size"] = heads * head_unit * markers["hd2"]
     shaped["intermediate_size"] = width_unit * markers["i"]

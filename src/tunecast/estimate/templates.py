@@ -9,7 +9,7 @@ A template is trusted only after it reproduced, byte for byte, a second trace at
 different rank, vocabulary, head layout, micro-batch and length); one that does not is recorded as
 failed and the caller traces the model itself (profiles.py). So a template claims exactness wherever it
 is used. Templates exist for micro-batches of two or more (b a variable) and for a micro-batch of one
-(b = 1 takes a few different operations), below any sliding window.
+(b = 1 takes a few different operations), below a sliding window and above it.
 """
 
 from __future__ import annotations
@@ -64,9 +64,29 @@ def _versions() -> dict[str, str]:
     return {**library_versions(), "template_format": str(TEMPLATE_FORMAT)}
 
 
-def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> str:
+def above_window(config_data: dict[str, Any], seq: int) -> bool:
+    """Whether `seq` lies above the config's sliding window (attention masks differ on either side, so each
+    side has its templates)."""
+    window = sliding_window(config_data)
+    return window is not None and seq > window
+
+
+def _marker_window(config_data: dict[str, Any], above: bool, *, check: bool) -> int | None:
+    """The sliding window of a marker model: below the window, one above both marker lengths (the real one
+    when it is); above it, one below both, other in the check trace, so that a size that depends on the
+    window fails the check instead of being read as a constant."""
+    window = sliding_window(config_data)
+    if window is None:
+        return None
+    if above:
+        return 48 if check else 32
+    return max(window, 512)
+
+
+def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False) -> str:
     """What a template depends on: the model's structure (not its dimensions), the settings but the LoRA
-    rank, the micro-batch regime, the depths traced and the library versions."""
+    rank, the micro-batch regime, the side of the sliding window, the depths traced and the library
+    versions."""
     chosen = depths(config_data)
     shallow = shallow_config_data(config_data, chosen[-1])
     shape = {k: v for k, v in symbols.structure(shallow).items() if k != "num_hidden_layers"}
@@ -75,22 +95,23 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
         fields["method"] = "lora"
     if settings.method == "full":
         fields.pop("adapters")
-    else:  # the rank is a variable; the scale alpha / rank changes no size; any dropout draws the same masks
-        fields["adapters"].update(rank="r", alpha=None, dropout=settings.adapters.dropout > 0)
-    payload = json.dumps({"structure": shape, "settings": fields, "multi": multi, "depths": chosen,
+    else:  # the rank is a variable; the scale alpha / rank changes no size; any dropout draws the same masks;
+        # peft keeps a list of target modules as a set, so their order changes nothing
+        targets = settings.adapters.targets
+        fields["adapters"].update(rank="r", alpha=None, dropout=settings.adapters.dropout > 0,
+                                  targets=targets if isinstance(targets, str) else sorted(set(targets)))
+    regime: dict[str, Any] = {"multi": multi}
+    if above:
+        regime["above_window"] = True
+    payload = json.dumps({"structure": shape, "settings": fields, **regime, "depths": chosen,
                           "versions": _versions()}, sort_keys=True, default=str)
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
-def applies(config_data: dict[str, Any], settings: TraceSettings, seq: int) -> bool:
-    """Whether a template may serve this config: a dense model whose sizes the variables describe, a
-    length below any sliding window (masks differ above it), and not the chunked loss (its number of
-    chunks depends on the length)."""
-    config = text_config_data(config_data)
-    if symbols.dense_dimensions(config) is None or settings.loss == "chunked":
-        return False
-    window = sliding_window(config_data)
-    return window is None or seq <= window
+def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
+    """Whether a template may serve this config: a model whose sizes the variables describe, and not the
+    chunked loss (its number of chunks depends on the length)."""
+    return symbols.dense_dimensions(text_config_data(config_data)) is not None and settings.loss != "chunked"
 
 
 def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
@@ -264,11 +285,14 @@ def instantiate(template: dict[str, Any], config_data: dict[str, Any], settings:
 
 
 def _trace_at(config_data: dict[str, Any], settings: TraceSettings, markers: dict[str, int], multi: bool,
-              layers: int, reader: Any) -> Trace | None:
-    """The step of the marker model; None when it does not run (a rotary size gone odd, a kernel's alignment)."""
+              layers: int, reader: Any, window: int | None) -> Trace | None:
+    """The step of the marker model (with sliding window `window`); None when it does not run (a rotary size
+    gone odd, a kernel's alignment)."""
     from tunecast.estimate.tracer import trace_step
 
     shaped = symbols.marker_config(shallow_config_data(config_data, layers), markers)
+    if window is not None:
+        shaped["sliding_window"] = window
     batch = markers["b"] if multi else 1
     try:
         return trace_step(shaped, _marker_settings(settings, markers), batch, markers["s"], reader=reader)
@@ -295,9 +319,11 @@ def _same(profile: StepProfile, trace: Trace, batch: int, seq: int) -> bool:
     return profile.facts == trace.facts
 
 
-def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool) -> dict[str, Any] | None:
+def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False
+                   ) -> dict[str, Any] | None:
     """Trace the marker model at every depth, read the sizes, and check the reading against a trace at
-    the other markers; the template, or None when a size has no reading or the check fails."""
+    the other markers (and another sliding window); the template, or None when a size has no reading or the
+    check fails. `above`: the template of lengths above the sliding window."""
     config = text_config_data(config_data)
     chosen_markers = symbols.markers(config)
     active = symbols.marker_values(config, chosen_markers, multi=multi)
@@ -307,12 +333,13 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
 
     chosen = depths(config_data)
     traces = len(chosen) + 1
-    what = f"{settings.method}, micro-batch {'2 and more' if multi else '1'}"
+    what = f"{settings.method}, micro-batch {'2 and more' if multi else '1'}" + (", above the window" if above else "")
     profiles = []
     for index, layers in enumerate(chosen):
         progress.progress(f"building the step template of this model's structure ({what}): trace {index + 1} of "
                           f"{traces} ({layers} layers at marker dimensions)")
-        traced = _trace_at(config_data, settings, chosen_markers, multi, layers, reader)
+        traced = _trace_at(config_data, settings, chosen_markers, multi, layers, reader,
+                           _marker_window(config_data, above, check=False))
         read = None if traced is None else _read_trace(traced, reader)
         if read is None:
             return None
@@ -328,7 +355,8 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     batch = check["b"] if multi else 1
     progress.progress(f"building the step template of this model's structure ({what}): trace {traces} of {traces} "
                       "(the check at other dimensions)")
-    traced = _trace_at(config_data, settings, check, multi, chosen[0], None)
+    traced = _trace_at(config_data, settings, check, multi, chosen[0], None,
+                       _marker_window(config_data, above, check=True))
     return template if traced is not None and _same(expected, traced, batch, check["s"]) else None
 
 
@@ -372,14 +400,14 @@ def cached_template(key: str) -> dict[str, Any] | None:
     return found
 
 
-def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool, *, trace: bool = True
-                 ) -> dict[str, Any]:
+def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bool, *, above: bool = False,
+                 trace: bool = True) -> dict[str, Any]:
     """The template for this structure and these settings, built (and cached) on first use; without `trace`,
     one that would have to be built raises NeedsTrace."""
     from tunecast.estimate.profiles import NeedsTrace, TracingUnavailable
     from tunecast.estimate.tracer import tracing_available
 
-    key = template_key(config_data, settings, multi)
+    key = template_key(config_data, settings, multi, above)
     found = cached_template(key)
     if found is None and not trace:
         raise NeedsTrace("no template of this structure and these settings is shipped or cached")
@@ -387,7 +415,7 @@ def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bo
         missing = tracing_available()
         if missing is not None:
             raise TracingUnavailable(missing)
-        built = build_template(config_data, settings, multi)
+        built = build_template(config_data, settings, multi, above)
         found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
         if os.environ.get("TUNECAST_NO_CACHE") != "1":
             write_text_atomic(cache_path(key), json.dumps(found))

@@ -12,7 +12,7 @@ import pytest
 from tunecast.catalog.store import load_catalog
 from tunecast.estimate import profiles, symbols, templates
 from tunecast.estimate.settings import AdapterSettings, TraceSettings
-from tunecast.estimate.shape import shallow_config_data, text_config_data
+from tunecast.estimate.shape import WINDOW_UNLESS_USED, shallow_config_data, text_config_data
 from tunecast.estimate.tracer import trace_step
 
 LORA = TraceSettings("lora", AdapterSettings(16, 32, 0.05, "all-linear", False, ()), "bf16", "adamw", False,
@@ -62,12 +62,22 @@ ATTENTION = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32
     ("mistralai/Mixtral-8x7B-v0.1", ATTENTION, 2, 40),   # 8 experts top-2, no dense MLP, head size derived
     ("Qwen/Qwen3-30B-A3B", ATTENTION, 1, 48),           # 128 experts top-8 of their own width, head size given
     ("mistralai/Mixtral-8x7B-v0.1", FULL_BF16, 2, 24),  # full fine-tuning: the experts' weights train
+    ("openai/gpt-oss-20b", ATTENTION, 2, 200),          # above its 128-token window; hidden size not heads × head
+    ("openai/gpt-oss-20b", ATTENTION, 1, 160),
 ])
 def test_a_template_of_a_mixture_of_experts_equals_a_trace(name: str, settings: TraceSettings, batch: int,
                                                            seq: int) -> None:
     """Grouped expert matmuls size every buffer by the routed (token, expert) pairs, b·s·k, whatever the
     router chose, so the marker model's experts (41 of them, 31 per token) read back exactly."""
     assert_exact(config(name, layers=2), settings, batch, seq)
+
+
+def test_above_a_sliding_window_a_template_equals_a_trace() -> None:
+    """Above the window the masks differ (sliding layers mask what the full ones keep); a template of that side
+    is read with a marker window below both marker lengths and checked at another window."""
+    pair = profiles.templated_profiles(config("google/gemma-2-2b", layers=2), LORA, 2, 4160)
+    assert pair is not None and pair.shortest == 4097 and pair.longest is None and not pair.covers(2, 4096)
+    assert_exact(config("google/gemma-2-2b", layers=2), LORA, 2, 4160)
 
 
 @pytest.mark.parametrize("built_from, serves", [
@@ -90,7 +100,7 @@ def test_the_defaults_a_structure_leaves_out_are_the_config_classes() -> None:
         made = AutoConfig.for_model(model_type)
         for key, value in defaults.items():
             assert getattr(made, key, value) == value, (model_type, key)
-    for model_type in symbols._WINDOW_UNLESS_USED:
+    for model_type in WINDOW_UNLESS_USED:
         assert AutoConfig.for_model(model_type, sliding_window=77, use_sliding_window=False).sliding_window is None
     for model_type, keys in symbols._UNREAD.items():  # no file of the model type's package mentions them
         package = Path(importlib.import_module(f"transformers.models.{model_type}").__file__).parent
@@ -112,12 +122,15 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
     served = {}
     for name in catalog.models.names:
         data = config(name)
-        served.setdefault(data["model_type"], templates.applies(data, LORA, 512))
+        served.setdefault(data["model_type"], templates.applies(data, LORA))
     assert served == {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gpt2": True, "phi": True,
-                      "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": False}
+                      "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": True}
     llama = config("meta-llama/Llama-3.1-8B")
-    assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}), 512)
-    assert not templates.applies(config("mistralai/Mistral-7B-v0.1"), LORA, 8192)  # above the sliding window
+    assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}))
+    mistral = config("mistralai/Mistral-7B-v0.1")  # each side of the sliding window has its templates
+    assert templates.above_window(mistral, 8192) and not templates.above_window(mistral, 4096)
+    assert not templates.above_window(llama, 1 << 20)
+    assert templates.template_key(mistral, LORA, True, above=True) != templates.template_key(mistral, LORA, True)
 
 
 def test_one_template_serves_every_rank_and_every_model_of_a_structure() -> None:
@@ -138,7 +151,7 @@ def test_a_marker_model_that_does_not_run_is_recorded_as_no_template() -> None:
 def test_a_structure_no_template_reads_is_traced_and_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[str] = []
 
-    def unreadable(data: dict[str, Any], settings: TraceSettings, multi: bool) -> None:
+    def unreadable(data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False) -> None:
         built.append(data["model_type"])
 
     monkeypatch.setattr(templates, "build_template", unreadable)
@@ -149,3 +162,46 @@ def test_a_structure_no_template_reads_is_traced_and_remembered(monkeypatch: pyt
     assert built == ["qwen2"]
     path = templates.cache_path(templates.template_key(data, LORA, True))
     assert "failed" in json.loads(path.read_text())
+
+
+def test_the_order_of_the_target_modules_changes_no_template() -> None:
+    """peft keeps a list of target modules as a set: one template serves every order of the same list."""
+    def targeting(*modules: str) -> TraceSettings:
+        return TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32, 0.0, modules, False, ())})
+
+    llama = config("meta-llama/Llama-3.1-8B")
+    key = templates.template_key(llama, targeting("q_proj", "v_proj"), True)
+    assert templates.template_key(llama, targeting("v_proj", "q_proj", "q_proj"), True) == key
+    assert templates.template_key(llama, targeting("q_proj", "k_proj"), True) != key
+
+
+def test_events_are_stored_by_column_and_read_back_as_they_were() -> None:
+    events = [("a", 0, [[4, [1, 0]]], "weights", "setup", 0), ("a", 1, [[2, [0, 1]]], "activations", "forward", 1),
+              ("f", 0, [], "", "backward", 1), ("a", 2, [[4, [1, 0]]], "temporaries", "backward", 1)]
+    table = templates.columns(events)
+    assert len(table["polys"]) == 3 and len(table["names"]) == 9  # a size and a name kept once each
+    rows = list(zip(*(table[column] for column in ("kind", "key", "size", "category", "phase", "step")),
+                    strict=True))
+    assert [(table["names"][k], key, table["polys"][p], table["names"][c], table["names"][ph], step)
+            for k, key, p, c, ph, step in rows] == [tuple(e) for e in events]
+
+
+def test_without_tracing_a_setting_no_template_serves_is_refused_not_traced(monkeypatch: pytest.MonkeyPatch
+                                                                            ) -> None:
+    def no_trace(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("traced")
+
+    monkeypatch.setattr(templates, "build_template", no_trace)
+    monkeypatch.setattr(profiles, "trace_profiles", no_trace)
+    data = {**config("Qwen/Qwen2.5-0.5B", layers=2), "rope_theta": 54321.0}  # a structure nothing has cached
+    with pytest.raises(profiles.NeedsTrace):
+        profiles.get_profiles(data, LORA, 2, 64, trace=False)
+    chunked = TraceSettings(**{**LORA.__dict__, "loss": "chunked"})  # never templated
+    with pytest.raises(profiles.NeedsTrace):
+        profiles.get_profiles(config("Qwen/Qwen2.5-0.5B", layers=2), chunked, 2, 64, trace=False)
+
+
+def test_library_versions_are_the_installed_ones() -> None:
+    from importlib.metadata import version
+
+    assert profiles.library_versions() == {package: version(package) for package in ("torch", "transformers", "peft")}
