@@ -160,13 +160,15 @@ def _depth_reserve(pair: ProfilePair, shallow: Replay, deeper: Replay) -> Fracti
     return b + Fraction(b - a) * (pair.layers - depth_b) / (depth_b - depth_a)
 
 
-def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int) -> StepMemory:
+def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int,
+              reserve: bool = True) -> StepMemory:
     """Replay both depths and extrapolate every figure to the full depth. The reserve is the one simulated
-    at this shape (`estimate_memory` replaces it with the ladder's where the profiles sweep shapes)."""
+    at this shape; without `reserve` none is simulated (0: `estimate_memory` takes the ladder's where the
+    profiles sweep shapes)."""
     blocks = (workspace,) if cuda and workspace else ()
-    shallow = replays.replayed(pair, "shallow", batch, seq, cuda=cuda, blocks=blocks)
+    shallow = replays.replayed(pair, "shallow", batch, seq, cuda=cuda, blocks=blocks, reserve=reserve)
     deeper = shallow if pair.deeper is pair.shallow else replays.replayed(pair, "deeper", batch, seq, cuda=cuda,
-                                                                          blocks=blocks)
+                                                                          blocks=blocks, reserve=reserve)
 
     def at_depth(pick: Any) -> float:
         return _extrapolate(pick(shallow), pick(deeper), pair.shallow.layers, pair.deeper.layers, pair.layers)
@@ -178,7 +180,7 @@ def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace:
             memory.breakdown[category] = max(0.0, at_depth(lambda r, c=category, p=phase: r.phases[p].breakdown[c]))
         memory.breakdown["overhead"] = float(shallow.extra_allocated)
         phases[phase] = memory
-    return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)) if cuda else 0.0)
+    return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)) if cuda and reserve else 0.0)
 
 
 def _rungs(n: int, ladder: Iterator[int], extra: int | None = None) -> list[int]:
@@ -379,8 +381,8 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
-                 workspace: int) -> StepMemory:
-    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
+                 workspace: int, reserve: bool = True) -> StepMemory:
+    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace, reserve=reserve)
     _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers)
     return step
 
@@ -445,8 +447,9 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     try:
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
-        step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace)
-        if cuda and pair.exact_shape is None:
+        swept = cuda and pair.exact_shape is None  # reserved comes from the ladder: not simulated at this shape
+        step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace, reserve=not swept)
+        if swept:
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
     except TracingUnavailable as reason:
@@ -454,7 +457,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers)
         traced_at = None
-    replays.flush()
+    finally:  # the replays made so far are kept, also when the estimate stops (NeedsTrace, Ctrl-C)
+        replays.flush()
     if spec.precision == "fp8":
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":

@@ -188,14 +188,16 @@ class Replay:
 
 
 def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
-           fixed_blocks: tuple[int, ...] = ()) -> Replay:
+           fixed_blocks: tuple[int, ...] = (), reserve: bool = True) -> Replay:
     """Replay the profile at (b, s). On CUDA every block is rounded as the caching allocator does and the
-    allocator's reserve is simulated; `fixed_blocks` are allocated first (library workspaces)."""
+    allocator's reserve is simulated (unless `reserve` is False: then `peak_reserved` is 0, and the rest is
+    the same, for a third of the time); `fixed_blocks` are allocated first (library workspaces)."""
     _, s1, s2, bs1, bs2, b1 = basis(batch, seq)
     allocator = CachingAllocator()
     for size in fixed_blocks:
         allocator.malloc(size)
     extra = allocator.allocated
+    simulate = cuda and reserve
     live: dict[int, tuple[int, str, int]] = {}  # key -> (counted bytes, category, allocator address)
     totals = dict.fromkeys(CATEGORIES, 0)
     current = 0
@@ -208,7 +210,7 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
             if raw > 0:
                 if cuda:
                     counted = round_size(raw)
-                    address = allocator.malloc(raw)
+                    address = allocator.malloc(raw) if simulate else 0
                 else:
                     counted, address = raw, 0
                 live[event.key] = (counted, event.category, address)
@@ -220,7 +222,7 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
                 counted, category, address = entry
                 totals[category] -= counted
                 current -= counted
-                if cuda:
+                if simulate:
                     allocator.free(address)
         elif kind == RECLASS:
             entry = live.get(event.key)
@@ -235,4 +237,5 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
             if peak is not None and current > peak.allocated:
                 peak.allocated = current
                 peak.breakdown = dict(totals)
-    return Replay(phases, allocator.peak_reserved if cuda else max(p.allocated for p in phases.values()), extra)
+    peak_reserved = allocator.peak_reserved if simulate else 0 if cuda else max(p.allocated for p in phases.values())
+    return Replay(phases, peak_reserved, extra)

@@ -80,22 +80,24 @@ def _kept(origin: str) -> dict[str, Replay]:
     return found
 
 
-def replayed(pair: ProfilePair, which: str, batch: int, seq: int, *, cuda: bool, blocks: tuple[int, ...]) -> Replay:
-    """The replay of `pair.shallow` or `pair.deeper` (`which`) at (batch, seq)."""
+def replayed(pair: ProfilePair, which: str, batch: int, seq: int, *, cuda: bool, blocks: tuple[int, ...],
+             reserve: bool = True) -> Replay:
+    """The replay of `pair.shallow` or `pair.deeper` (`which`) at (batch, seq); without `reserve`, one that
+    does not simulate the allocator's reserve (profile.replay)."""
     profile: StepProfile = getattr(pair, which)
-    key = f"{which} {batch} {seq} {int(cuda)} {','.join(map(str, blocks))}"
+    key = f"{which} {batch} {seq} {int(cuda)} {','.join(map(str, blocks))}" + ("" if reserve else " allocated")
     if pair.origin is None:
         entry = _BY_OBJECT.get((id(profile), key))
         if entry is not None and entry[0] is profile:  # the entry holds its profile, so the id is not reused
             return entry[1]
         if len(_BY_OBJECT) >= _KEPT:
             _BY_OBJECT.clear()
-        result = replay(profile, batch, seq, cuda=cuda, fixed_blocks=blocks)
+        result = replay(profile, batch, seq, cuda=cuda, fixed_blocks=blocks, reserve=reserve)
         _BY_OBJECT[(id(profile), key)] = (profile, result)
         return result
     kept = _kept(pair.origin)
     if key not in kept:
-        kept[key] = replay(profile, batch, seq, cuda=cuda, fixed_blocks=blocks)
+        kept[key] = replay(profile, batch, seq, cuda=cuda, fixed_blocks=blocks, reserve=reserve)
         _CHANGED.add(pair.origin)
     return kept[key]
 
@@ -106,7 +108,9 @@ def flush() -> None:
         _CHANGED.clear()
         return
     for origin in sorted(_CHANGED):
-        kept = _BY_ORIGIN[origin]
+        kept = _BY_ORIGIN.get(origin)
+        if kept is None:  # dropped from this process since (tests reset it)
+            continue
         write_text_atomic(_path(origin), json.dumps(
             {"format": _code(), "origin": origin, "replays": {k: _to_json(v) for k, v in kept.items()}},
             separators=(",", ":")))
