@@ -114,10 +114,11 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
                      max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings))
 
 
-def _estimated(change: str, settings: dict[str, Any], run: RunSpec, total: Total, capacity: float,
+def _estimated(change: str, settings: dict[str, Any], spec: RunSpec, total: Total, capacity: float,
                trace: bool) -> Suggestion:
+    """`change` (`settings` applied to `spec`) with its peak, or without one where that needs a trace not allowed."""
     try:
-        peak: float | None = total(run, exact=True, trace=trace)
+        peak: float | None = total(spec.with_changes(settings), exact=True, trace=trace)
     except NeedsTrace:
         peak = None
     return Suggestion(change, settings, peak, None if peak is None else peak <= capacity)
@@ -150,8 +151,7 @@ def _suggestions(spec: RunSpec, total: Total, capacity: float, max_batch: int, t
                            {"micro_batch": smaller, "grad_accum": per_step // smaller}))
     candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
                        {"gpus.strategy": "fsdp", "gpus.offload": "params"}))
-    found = [_estimated(change, settings, spec.with_changes(settings), total, capacity, trace)
-             for change, settings in candidates]
+    found = [_estimated(change, settings, spec, total, capacity, trace) for change, settings in candidates]
     sharded = _fewest_gpus(spec, total, capacity, trace)
     if sharded is not None:
         found.append(sharded)
@@ -167,8 +167,7 @@ def _fewest_gpus(spec: RunSpec, total: Total, capacity: float, trace: bool) -> S
         if count <= spec.gpus.count:
             continue
         settings = {"gpus.count": count, "gpus.strategy": "fsdp"}
-        last = _estimated(f"shard over {count} GPUs with FSDP", settings, spec.with_changes(settings), total,
-                          capacity, trace)
+        last = _estimated(f"shard over {count} GPUs with FSDP", settings, spec, total, capacity, trace)
         if last.fits is not False:
             break
     return last

@@ -25,9 +25,9 @@ from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import replays
 from tunecast.estimate.profile import Replay
-from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles, sliding_window_offset
+from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import sliding_window
+from tunecast.estimate.shape import sliding_window, sliding_window_offset
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.units import BYTES_PER_GIB
 

@@ -237,5 +237,6 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
             if peak is not None and current > peak.allocated:
                 peak.allocated = current
                 peak.breakdown = dict(totals)
-    peak_reserved = allocator.peak_reserved if simulate else 0 if cuda else max(p.allocated for p in phases.values())
-    return Replay(phases, peak_reserved, extra)
+    if not cuda:  # a CPU keeps no cache: what it holds at the peak is what is allocated
+        return Replay(phases, max(p.allocated for p in phases.values()), extra)
+    return Replay(phases, allocator.peak_reserved if simulate else 0, extra)

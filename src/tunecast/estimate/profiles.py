@@ -20,7 +20,14 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, sliding_window, text_config_data
+from tunecast.estimate.shape import (
+    layer_period,
+    num_layers,
+    shallow_config_data,
+    sliding_window,
+    sliding_window_offset,
+    text_config_data,
+)
 from tunecast.paths import cache_dir
 
 PROFILE_FORMAT = 18  # bump when what a profile holds changes
@@ -75,13 +82,6 @@ def _version(package: str) -> str:
 
 def _versions() -> dict[str, str]:
     return {"format": str(PROFILE_FORMAT), **library_versions()}
-
-
-def sliding_window_offset(config_data: dict[str, Any], seq: int) -> int:
-    """0 below a sliding window; the window above it (attention masks differ on either side, so the
-    fitting shapes must lie on the same side as the length asked for)."""
-    window = sliding_window(config_data)
-    return window if window is not None and seq > window else 0
 
 
 def profile_key(config_data: dict[str, Any], settings: TraceSettings, batch: int, offset: int,

@@ -38,6 +38,8 @@ def _code() -> str:
     for module in (profile_module, allocator_module):
         digest.update(Path(str(module.__file__)).read_bytes())
     return f"{REPLAY_FORMAT}-{digest.hexdigest()[:16]}"
+
+
 _KEPT = 4096  # replays of profiles without an origin kept in this process
 
 # Replays by origin (and shape), as read from disk and added to in this process; which origins changed.

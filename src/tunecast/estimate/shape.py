@@ -15,12 +15,17 @@ if TYPE_CHECKING:
 _PER_LAYER_KEYS = ("layer_types",)
 
 
-def text_config_data(data: dict[str, Any]) -> dict[str, Any]:
-    """The language-model part of a config (itself, or its `text_config` for multimodal configs), as a
-    deep copy: transformers edits nested entries such as `rope_scaling` in place."""
+def _text_section(data: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config (itself, or its `text_config` for multimodal configs), not copied:
+    for the readers below, which an estimate calls at every shape it replays."""
     inner = data.get("text_config")
-    chosen = inner if isinstance(inner, dict) and "model_type" in inner else data
-    return copy.deepcopy(chosen)
+    return inner if isinstance(inner, dict) and "model_type" in inner else data
+
+
+def text_config_data(data: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config, as a deep copy: transformers edits nested entries such as
+    `rope_scaling` in place."""
+    return copy.deepcopy(_text_section(data))
 
 
 # Types whose config class drops `sliding_window` unless `use_sliding_window` is set (transformers 5; checked in
@@ -30,15 +35,22 @@ WINDOW_UNLESS_USED = frozenset({"qwen2", "qwen3", "qwen3_moe"})
 
 def sliding_window(data: dict[str, Any]) -> int | None:
     """The sliding attention window the model uses, in tokens, or None when it has none."""
-    config = text_config_data(data)
+    config = _text_section(data)
     if config.get("model_type") in WINDOW_UNLESS_USED and config.get("use_sliding_window") is not True:
         return None
     window = config.get("sliding_window")
     return window if isinstance(window, int) and window > 0 else None
 
 
+def sliding_window_offset(data: dict[str, Any], seq: int) -> int:
+    """0 below a sliding window; the window above it (attention masks differ on either side, so the
+    fitting shapes must lie on the same side as the length asked for)."""
+    window = sliding_window(data)
+    return window if window is not None and seq > window else 0
+
+
 def num_layers(data: dict[str, Any]) -> int:
-    config = text_config_data(data)
+    config = _text_section(data)
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         value = config.get(key)
         if isinstance(value, int):
@@ -49,7 +61,7 @@ def num_layers(data: dict[str, Any]) -> int:
 
 def layer_period(data: dict[str, Any]) -> int:
     """The smallest repeat of the per-layer pattern (2 for alternating sliding/full attention, else 1)."""
-    config = text_config_data(data)
+    config = _text_section(data)
     for key in _PER_LAYER_KEYS:
         pattern = config.get(key)
         if isinstance(pattern, list) and pattern:

@@ -28,7 +28,14 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import layer_period, num_layers, shallow_config_data, sliding_window, text_config_data
+from tunecast.estimate.shape import (
+    layer_period,
+    num_layers,
+    shallow_config_data,
+    sliding_window,
+    sliding_window_offset,
+    text_config_data,
+)
 from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_dir
 
@@ -67,8 +74,7 @@ def _versions() -> dict[str, str]:
 def above_window(config_data: dict[str, Any], seq: int) -> bool:
     """Whether `seq` lies above the config's sliding window (attention masks differ on either side, so each
     side has its templates)."""
-    window = sliding_window(config_data)
-    return window is not None and seq > window
+    return sliding_window_offset(config_data, seq) > 0
 
 
 def _marker_window(config_data: dict[str, Any], above: bool, *, check: bool) -> int | None:
