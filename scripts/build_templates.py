@@ -3,12 +3,12 @@
 
 A template serves every model of one structure at any rank, vocabulary, width, micro-batch and length
 (docs/memory.md, "Speed"); this builds one per structure of the catalog's dense and mixture-of-experts models,
-for LoRA (without and with adapter dropout, and on the attention projections alone) and full fine-tuning,
-checkpointing on and off, micro-batch 1 and 2+, below and above a sliding window, in the default precision,
-attention and optimizer. Templates are keyed by the torch, transformers and peft versions: rebuild them when
-those change.
+in each of SETTINGS (LoRA in the default settings, with adapter dropout, on the attention projections, on q and
+v alone, in fp32 and in mixed precision, with eager attention; full fine-tuning), checkpointing on and off,
+micro-batch 1 and 2+, below and above a sliding window. Templates are keyed by the torch, transformers and peft
+versions: rebuild them when those change.
 
-Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...]     (about 15 s a template)
+Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...] [--settings LABEL ...]  (about 15 s a template)
 """
 
 from __future__ import annotations
@@ -30,11 +30,19 @@ from tunecast.estimate.shape import sliding_window, text_config_data
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "tunecast" / "estimate" / "data" / "templates"
 SUFFIX = ".json.xz"
-# (method, LoRA dropout, LoRA targets): LoRA without and with dropout on every linear layer, LoRA on the
-# attention projections (the other common choice; models that name them otherwise get none), full fine-tuning.
+# The settings templates are shipped for, by label: RunSpec fields. fp16-mixed and fp8 are traced as bf16-mixed
+# and bf16 (TraceSettings.from_spec), and QLoRA as LoRA, so their templates are these.
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-SETTINGS = (("lora", 0.0, "all-linear"), ("lora", 0.05, "all-linear"), ("lora", 0.0, ATTENTION),
-            ("full", 0.0, "all-linear"))
+SETTINGS: dict[str, dict] = {
+    "lora": {"method": "lora"},
+    "lora-dropout": {"method": "lora", "lora": {"dropout": 0.05}},
+    "lora-attention": {"method": "lora", "lora": {"targets": ATTENTION}},  # models that name them otherwise: none
+    "lora-qv": {"method": "lora", "lora": {"targets": ["q_proj", "v_proj"]}},  # peft's default for Llama-likes
+    "lora-fp32": {"method": "lora", "precision": "fp32"},
+    "lora-mixed": {"method": "lora", "precision": "bf16-mixed"},
+    "lora-eager": {"method": "lora", "attention": "eager"},
+    "full": {"method": "full"},
+}
 
 
 def _write(key: str, template: dict) -> None:
@@ -51,6 +59,7 @@ def _sides(data: dict) -> tuple[bool, ...]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="catalog names (default: every catalog model a template serves)")
+    parser.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), help="labels of SETTINGS (default: all)")
     args = parser.parse_args()
     catalog = load_catalog(None)
     names = args.models or catalog.models.names
@@ -62,10 +71,9 @@ def main() -> int:
             print(f"{name}: not in the catalog", file=sys.stderr)
             return 2
         data = text_config_data(model.data)
-        for method, dropout, targets in SETTINGS:
+        for label in args.settings or SETTINGS:
             for checkpointing in (False, True):
-                spec = RunSpec.model_validate({"model": name, "method": method,
-                                               "lora": {"dropout": dropout, "targets": targets}})
+                spec = RunSpec.model_validate({"model": name, **SETTINGS[label]})
                 settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
                 if not templates.applies(data, settings):
                     continue
@@ -81,6 +89,7 @@ def main() -> int:
             continue
         started = time.perf_counter()
         what = (f"{name} {settings.method} dropout={settings.adapters.dropout} targets={settings.adapters.targets} "
+                f"precision={settings.precision} attention={settings.attention} "
                 f"checkpointing={settings.grad_checkpointing} multi={multi} above_window={above}")
         try:
             built = templates.build_template(data, settings, multi, above)
@@ -92,7 +101,8 @@ def main() -> int:
             continue
         _write(key, built)
         print(f"{what}: {key} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
-    stale = kept - set(wanted)
+    # Stale: what a build of every model in every setting no longer wants (a partial build removes none).
+    stale = kept - set(wanted) if not (args.models or args.settings) else set()
     for key in stale:
         (OUT / f"{key}{SUFFIX}").unlink()
     print(f"{len(wanted)} templates for {len(names)} models; {len(stale)} stale removed", file=sys.stderr)

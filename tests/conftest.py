@@ -16,6 +16,9 @@ import pytest
 from tunecast.catalog.store import load_catalog
 
 REPO = Path(__file__).resolve().parent.parent
+# No warm server (tunecast/cli/warm.py) for the suite's commands: each test's runs are its own processes, and no
+# server outlives the suite. tests/integration/test_warm.py turns it on for its own.
+os.environ["TUNECAST_WARM"] = "0"
 
 
 @pytest.fixture(autouse=True)

@@ -129,3 +129,12 @@ def test_a_cold_estimate_says_what_it_traces_and_rebuilds_a_damaged_entry(cli, t
     assert again.json() == cold.json()
     warm = cli(*args)
     assert "trac" not in warm.stderr and warm.json() == cold.json()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed"])
+def test_a_mixture_of_experts_in_float32_weights_is_refused_with_the_field_to_change(cli, precision) -> None:
+    result = cli("memory", "--model", "mistralai/Mixtral-8x7B-v0.1", "--method", "lora", "--precision", precision,
+                 "--seq-len", "512")
+    assert result.code == 2
+    assert f"precision {precision}: a mixture-of-experts model's memory is estimated in bf16 only" in result.stderr
+    assert "--precision bf16" in result.stderr and "Traceback" not in result.stderr

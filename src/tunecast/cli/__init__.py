@@ -12,6 +12,32 @@ if sys.argv[1:2] == ["train"]:
 
     fix_cpu_threads()
 
-from tunecast.cli.app import app, main
+from typing import Any
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script. A quick command is run by the warm server when one is up (cli/warm.py); any other,
+    or one given `argv` (tests, embedding), runs in this process."""
+    if argv is None:
+        from tunecast.cli.warm import run_warm
+
+        try:
+            status = run_warm(sys.argv[1:])
+        except KeyboardInterrupt:  # before a served command started (it is stopped with its caller)
+            sys.exit(130)
+        if status is not None:
+            sys.exit(status)
+    from tunecast.cli.app import main as run
+
+    run(argv)
+
+
+def __getattr__(name: str) -> Any:  # `from tunecast.cli import app` without importing it on the warm path
+    if name == "app":
+        from tunecast.cli.app import app
+
+        return app
+    raise AttributeError(name)
+
 
 __all__ = ["app", "main"]

@@ -9,6 +9,7 @@ from tunecast.catalog.devices import is_cpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
+from tunecast.estimate import replays
 from tunecast.estimate.fit import FitReport, estimator_total, fit_report
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 
@@ -46,6 +47,11 @@ def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_su
 
     `grad_checkpointing: auto` is off unless the run does not fit the GPU without it.
     """
+    with replays.deferred():  # the replays of every estimate made here, written once
+        return _answer(loaded, catalog, device=device, trace_suggestions=trace_suggestions)
+
+
+def _answer(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool) -> MemoryAnswer:
     if device not in DEVICES:
         raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")
     spec, gpu = loaded.spec, loaded.gpu

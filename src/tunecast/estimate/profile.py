@@ -74,6 +74,30 @@ class ProfileEvent(NamedTuple):  # a tuple: a profile holds thousands, built on 
     step: int = 0
 
 
+class EventColumns(NamedTuple):
+    """A profile's events by column, each size an index into `polys`, the profile's distinct size polynomials
+    (a step allocates thousands of tensors of a few dozen sizes): a replay evaluates each polynomial once."""
+
+    kinds: Sequence[str]
+    keys: Sequence[int]
+    sizes: Sequence[int]
+    categories: Sequence[str]
+    phases: Sequence[str]
+    steps: Sequence[int]
+    polys: Sequence[tuple[float, ...]]
+
+
+def event_columns(events: Sequence[ProfileEvent]) -> EventColumns:
+    """The events by column: a template's read from its table (templates.py) without building its events."""
+    columns = getattr(events, "columns", None)
+    if columns is not None:
+        return columns()  # type: ignore[no-any-return]
+    polys: dict[tuple[float, ...], int] = {}
+    return EventColumns([e.kind for e in events], [e.key for e in events],
+                        [polys.setdefault(e.size, len(polys)) for e in events], [e.category for e in events],
+                        [e.phase for e in events], [e.step for e in events], list(polys))
+
+
 @dataclass
 class StepProfile:
     """The events of one traced configuration at one depth, sizes as polynomials in (b, s)."""
@@ -87,6 +111,13 @@ class StepProfile:
     capped: dict[str, list[tuple[tuple[float, ...], tuple[float, ...]]]] = field(default_factory=dict)
     """Terms of those figures that are the smaller of two sizes (a lookup reads at most as much of its
     table as it writes: the embedding's whole table when the batch has more tokens than the vocabulary)."""
+
+    _columns: EventColumns | None = field(default=None, repr=False, compare=False)
+
+    def columns(self) -> EventColumns:
+        if self._columns is None:
+            self._columns = event_columns(self.events)
+        return self._columns
 
     def flops_at(self, batch: int, seq: int) -> dict[str, float]:
         terms = basis(batch, seq)
@@ -193,6 +224,10 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
     allocator's reserve is simulated (unless `reserve` is False: then `peak_reserved` is 0, and the rest is
     the same, for a third of the time); `fixed_blocks` are allocated first (library workspaces)."""
     _, s1, s2, bs1, bs2, b1 = basis(batch, seq)
+    columns = profile.columns()
+    raws = [round(c[0] + c[1] * s1 + c[2] * s2 + c[3] * bs1 + c[4] * bs2 + c[5] * b1) if c else 0
+            for c in columns.polys]
+    counts = [round_size(raw) if raw > 0 else 0 for raw in raws] if cuda else raws
     allocator = CachingAllocator()
     for size in fixed_blocks:
         allocator.malloc(size)
@@ -202,38 +237,35 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
     totals = dict.fromkeys(CATEGORIES, 0)
     current = 0
     phases = {name: PhasePeak() for name in ("forward", "backward", "optimizer")}
-    for event in profile.events:
-        kind = event.kind
+    for kind, key, size, category, phase, step in zip(columns.kinds, columns.keys, columns.sizes,
+                                                      columns.categories, columns.phases, columns.steps,
+                                                      strict=True):
         if kind == ALLOC:
-            c0, c1, c2, c3, c4, c5 = event.size
-            raw = round(c0 + c1 * s1 + c2 * s2 + c3 * bs1 + c4 * bs2 + c5 * b1)
+            raw = raws[size]
             if raw > 0:
-                if cuda:
-                    counted = round_size(raw)
-                    address = allocator.malloc(raw) if simulate else 0
-                else:
-                    counted, address = raw, 0
-                live[event.key] = (counted, event.category, address)
-                totals[event.category] += counted
+                counted = counts[size]
+                address = allocator.malloc(raw) if simulate else 0
+                live[key] = (counted, category, address)
+                totals[category] += counted
                 current += counted
         elif kind == FREE:
-            entry = live.pop(event.key, None)
+            entry = live.pop(key, None)
             if entry is not None:
-                counted, category, address = entry
-                totals[category] -= counted
+                counted, held, address = entry
+                totals[held] -= counted
                 current -= counted
                 if simulate:
                     allocator.free(address)
         elif kind == RECLASS:
-            entry = live.get(event.key)
-            if entry is not None and entry[1] != event.category:
-                counted, category, address = entry
-                totals[category] -= counted
-                totals[event.category] += counted
-                live[event.key] = (counted, event.category, address)
+            entry = live.get(key)
+            if entry is not None and entry[1] != category:
+                counted, held, address = entry
+                totals[held] -= counted
+                totals[category] += counted
+                live[key] = (counted, category, address)
         # Every event, not only allocations: a phase's peak may be what it inherits from the one before.
-        if event.step == MEASURED_STEP:
-            peak = phases.get(event.phase)
+        if step == MEASURED_STEP:
+            peak = phases.get(phase)
             if peak is not None and current > peak.allocated:
                 peak.allocated = current
                 peak.breakdown = dict(totals)

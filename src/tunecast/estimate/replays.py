@@ -12,10 +12,12 @@ code is not used). A damaged file is dropped with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +106,26 @@ def replayed(pair: ProfilePair, which: str, batch: int, seq: int, *, cuda: bool,
     return kept[key]
 
 
+_DEFERRING = [0]  # depth of `deferred` blocks: while above 0, `flush` writes nothing
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Write the replays once, on leaving the block (also on an error or Ctrl-C), not at each estimate's
+    flush: a limit search or a plan is dozens of estimates, and each write is a whole file and an fsync."""
+    _DEFERRING[0] += 1
+    try:
+        yield
+    finally:
+        _DEFERRING[0] -= 1
+        flush()
+
+
 def flush() -> None:
-    """Write the replays added in this process (atomically; nothing when caching is off)."""
+    """Write the replays added in this process (atomically; nothing when caching is off, nor inside a
+    `deferred` block, which writes them when it ends)."""
+    if _DEFERRING[0]:
+        return
     if os.environ.get("TUNECAST_NO_CACHE") == "1":
         _CHANGED.clear()
         return

@@ -27,6 +27,10 @@ class AdapterSettings:
     fp32_adapters: bool = True
 
 
+# Precisions traced as another of the same sizes: fp16 and bf16 autocast cast the same operations to 2-byte
+# floats (the step's sizes were checked equal, tests/unit/estimate/test_templates.py), and fp8 keeps bf16 weights
+# and activations (its FP8 matmuls are torchao's, modelled as bf16; memory.py notes it).
+TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 # Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
@@ -35,7 +39,7 @@ TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 class TraceSettings:
     method: str
     adapters: AdapterSettings
-    precision: str
+    precision: str  # the precision traced: fp16-mixed is traced as bf16-mixed and fp8 as bf16 (TRACED_PRECISION)
     optimizer: str  # the optimizer traced: one of TRACED_OPTIMIZERS (8-bit and paged are modelled on adamw)
     optimizer_in_backward: bool
     grad_checkpointing: bool
@@ -52,7 +56,7 @@ class TraceSettings:
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
                                      tuple(lora.modules_to_save), lora.fp32_adapters),
-            precision=spec.precision,
+            precision=TRACED_PRECISION.get(spec.precision, spec.precision),
             optimizer=traced_optimizer,
             optimizer_in_backward=spec.optimizer_in_backward,
             grad_checkpointing=checkpointing,

@@ -26,7 +26,7 @@ from typing import Any, overload
 
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
-from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile
+from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import (
     layer_period,
@@ -36,7 +36,7 @@ from tunecast.estimate.shape import (
     sliding_window_offset,
     text_config_data,
 )
-from tunecast.estimate.tracer import ALLOC, SUMMED, ModelFacts, Trace, facts_from_parts
+from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_dir
 
 TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())
@@ -115,9 +115,13 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
 
 
 def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
-    """Whether a template may serve this config: a model whose sizes the variables describe, and not the
-    chunked loss (its number of chunks depends on the length)."""
-    return symbols.dense_dimensions(text_config_data(config_data)) is not None and settings.loss != "chunked"
+    """Whether a template may serve this config: a model whose sizes the variables describe, not the chunked
+    loss (its number of chunks depends on the length), and a mixture of experts in bf16 only (in float32
+    weights its step does not run: memory.py refuses it)."""
+    config = text_config_data(config_data)
+    if config.get("model_type") in symbols.MOE_TYPES and settings.precision != "bf16":
+        return False
+    return symbols.dense_dimensions(config) is not None and settings.loss != "chunked"
 
 
 def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
@@ -201,9 +205,10 @@ class _Events(Sequence[ProfileEvent]):
     """A template's events, built on first use: a warm estimate whose replays are kept (replays.py) reads
     none of them, and building a 70B model's four profiles' tens of thousands of events is a tenth of it."""
 
-    def __init__(self, build: Callable[[], list[ProfileEvent]]) -> None:
+    def __init__(self, build: Callable[[], list[ProfileEvent]], columns: Callable[[], EventColumns]) -> None:
         self._build: Callable[[], list[ProfileEvent]] | None = build
         self._events: list[ProfileEvent] = []
+        self.columns = columns  # what a replay reads (profile.event_columns), without building the events
 
     def _built(self) -> list[ProfileEvent]:
         if self._build is not None:
@@ -244,7 +249,12 @@ def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]
                                                                   table["category"], table["phase"],
                                                                   table["step"], strict=True)]
 
-    events = _Events(build)
+    def by_column() -> EventColumns:
+        return EventColumns([names[kind] for kind in table["kind"]], table["key"], table["size"],
+                            [names[category] for category in table["category"]],
+                            [names[phase] for phase in table["phase"]], table["step"], sizes)
+
+    events = _Events(build, by_column)
     flops = {}
     for name, poly in data["sums"].items():
         coefficients = _coefficients(symbols.from_json(poly), values)
@@ -306,6 +316,24 @@ def _trace_at(config_data: dict[str, Any], settings: TraceSettings, markers: dic
         return None
 
 
+def _free_runs_sorted(events: Sequence[Any]) -> list[Any]:
+    """Events with each run of consecutive frees in key order. Frees with no allocation between them happen
+    at one instant: their order changes no size and no allocator state (freed neighbours merge alike in any
+    order), and where the tensors sit in a hash table it differs from trace to trace (autocast's cache of cast
+    weights, emptied as the forward pass leaves autocast)."""
+    ordered: list[Any] = []
+    run: list[Any] = []
+    for event in [*events, None]:
+        if event is not None and event.kind == FREE:
+            run.append(event)
+            continue
+        ordered.extend(sorted(run, key=lambda free: free.key))
+        run = []
+        if event is not None:
+            ordered.append(event)
+    return ordered
+
+
 def _same(profile: StepProfile, trace: Trace, batch: int, seq: int) -> bool:
     """The template's profile evaluated at (batch, seq) equals the trace: every event, sum and fact."""
     from tunecast.estimate.profile import basis
@@ -313,7 +341,7 @@ def _same(profile: StepProfile, trace: Trace, batch: int, seq: int) -> bool:
     terms = basis(batch, seq)
     if len(profile.events) != len(trace.events):
         return False
-    for expected, got in zip(profile.events, trace.events, strict=True):
+    for expected, got in zip(_free_runs_sorted(profile.events), _free_runs_sorted(trace.events), strict=True):
         if (expected.kind, expected.key, expected.category, expected.phase, expected.step) != \
                 (got.kind, got.key, got.category, got.phase, got.step):
             return False

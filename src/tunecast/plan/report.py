@@ -16,6 +16,7 @@ from tunecast.catalog.devices import from_probe
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import Problem, TunecastError
+from tunecast.estimate import replays
 from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
 from tunecast.plan.calibration import Calibration, calibrated_device, check_against
@@ -59,7 +60,8 @@ def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, tod
     if path.is_file() and os.environ.get("TUNECAST_NO_CACHE") != "1":
         cached: dict[str, Any] = json.loads(path.read_text())
         return cached
-    document = _compute(loaded, catalog, request, today=today, progress=progress)
+    with replays.deferred():  # the replays of the plan's estimates, written once
+        document = _compute(loaded, catalog, request, today=today, progress=progress)
     if os.environ.get("TUNECAST_NO_CACHE") != "1":
         write_text_atomic(path, json.dumps(document))
     return document

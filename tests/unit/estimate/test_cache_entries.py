@@ -113,3 +113,26 @@ def test_kept_replays_give_the_estimate_a_fresh_replay_gives(own_cache: Path, mo
     with hearing:
         assert estimate() == fresh
     assert replayed and any(kind == "warning" and "damaged" in text for kind, text in lines)
+
+
+def test_replays_made_inside_a_deferred_block_are_written_once_as_it_ends(own_cache: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A limit search or a plan is dozens of estimates: their replays are written when the block ends, also when
+    it ends by an error, not by each estimate."""
+    from tunecast.catalog.store import load_catalog
+    from tunecast.estimate import replays
+    from tunecast.estimate.memory import estimate_memory
+
+    catalog = load_catalog(None)
+    monkeypatch.setattr(replays, "_BY_ORIGIN", {})
+    writes: list[Path] = []
+    real = replays.write_text_atomic
+    monkeypatch.setattr(replays, "write_text_atomic", lambda path, text: writes.append(path) or real(path, text))
+    with pytest.raises(RuntimeError), replays.deferred():
+        for seq in (64, 96, 128):
+            estimate_memory(SPEC, tiny_llama(), device="cuda", gpu=catalog.gpus.get("h100"),
+                            overheads=catalog.overheads, seq_len=seq)
+        assert not writes
+        raise RuntimeError("stopped")
+    assert writes and len(writes) == len(set(writes))  # each file once
+    assert set(writes) == set((own_cache / "replays").glob("*.json"))

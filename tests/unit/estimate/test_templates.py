@@ -205,3 +205,38 @@ def test_library_versions_are_the_installed_ones() -> None:
     from importlib.metadata import version
 
     assert profiles.library_versions() == {package: version(package) for package in ("torch", "transformers", "peft")}
+
+
+MIXED = TraceSettings(**{**LORA.__dict__, "precision": "bf16-mixed"})
+
+
+def test_a_mixed_precision_template_equals_a_trace() -> None:
+    """fp32 weights under bf16 autocast: the casts autocast keeps are freed, as the forward pass leaves autocast,
+    in the order of a hash table, which differs between traces; frees with no allocation between them are
+    compared as a set (templates._free_runs_sorted)."""
+    assert_exact(config("Qwen/Qwen3-0.6B", layers=4), MIXED, 2, 96)
+
+
+def test_fp16_and_bf16_autocast_allocate_alike_and_fp8_is_traced_as_bf16() -> None:
+    data = config("Qwen/Qwen3-0.6B", layers=2)
+    fp16 = trace_step(data, TraceSettings(**{**MIXED.__dict__, "precision": "fp16-mixed"}), 2, 64)
+    bf16 = trace_step(data, MIXED, 2, 64)
+    assert [(e.kind, e.key, e.nbytes, e.category, e.phase, e.step) for e in templates._free_runs_sorted(fp16.events)] \
+        == [(e.kind, e.key, e.nbytes, e.category, e.phase, e.step) for e in templates._free_runs_sorted(bf16.events)]
+    from tunecast.config.spec import RunSpec
+
+    def traced(precision: str) -> str:
+        spec = RunSpec.model_validate({"model": "Qwen/Qwen3-0.6B", "precision": precision})
+        return TraceSettings.from_spec(spec).precision
+
+    assert [traced(p) for p in ("fp16-mixed", "bf16-mixed", "fp8", "bf16", "fp32")] == \
+        ["bf16-mixed", "bf16-mixed", "bf16", "bf16", "fp32"]
+
+
+def test_frees_with_no_allocation_between_them_are_compared_in_key_order() -> None:
+    from tunecast.estimate.tracer import Event
+
+    events = [Event("a", 1, 8), Event("a", 2, 8), Event("f", 2), Event("f", 1), Event("a", 3, 8), Event("f", 3),
+              Event("c", 1, category="activations"), Event("f", 5), Event("f", 4)]
+    assert [(e.kind, e.key) for e in templates._free_runs_sorted(events)] == [
+        ("a", 1), ("a", 2), ("f", 1), ("f", 2), ("a", 3), ("f", 3), ("c", 1), ("f", 4), ("f", 5)]
