@@ -35,8 +35,13 @@ def served():  # type: ignore[no-untyped-def]
     shutil.rmtree(directory, ignore_errors=True)
 
 
+# The console script, as users run it: its import path starts with its own directory, wherever it is run from (under
+# `python -m` it would start with the working directory, and each directory would have a server of its own).
+TUNECAST = str(Path(PYTHON).parent / "tunecast")
+
+
 def _tunecast(*args: str, env: dict[str, str], cwd: Path | None = None):  # type: ignore[no-untyped-def]
-    return run_subprocess(PYTHON, "-m", "tunecast", *args, env=env, cwd=cwd)
+    return run_subprocess(TUNECAST, *args, env=env, cwd=cwd)
 
 
 def _wait_until(check, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -97,7 +102,7 @@ def _blocked_on_fifo(env: dict[str, str], fifo: Path, waiting: int) -> subproces
     """A served `validate` of a named pipe nobody writes: its child waits in open() until it is stopped.
     Returns once the server logged the `waiting`-th such command as started."""
     os.mkfifo(fifo)
-    caller = subprocess.Popen([PYTHON, "-m", "tunecast", "validate", str(fifo)], env={**os.environ, **env},
+    caller = subprocess.Popen([TUNECAST, "validate", str(fifo)], env={**os.environ, **env},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_until(lambda: sum(line.endswith(" validate started") for line in _served_lines(env)) == waiting,
                 timeout=30)
@@ -105,27 +110,42 @@ def _blocked_on_fifo(env: dict[str, str], fifo: Path, waiting: int) -> subproces
     return caller
 
 
-def test_ctrl_c_reaches_the_child_and_a_killed_caller_takes_its_child_along(served: dict[str, str],
-                                                                           tmp_path: Path) -> None:
+def _pid_of_started(env: dict[str, str], nth: int) -> str:
+    return [line.split()[0] for line in _served_lines(env) if line.endswith(" validate started")][nth - 1]
+
+
+def test_signals_reach_the_child_and_a_killed_caller_takes_its_child_along(served: dict[str, str],
+                                                                          tmp_path: Path) -> None:
     _started(served)
     caller = _blocked_on_fifo(served, tmp_path / "a.yaml", 1)
+    caller.send_signal(signal.SIGTERM)
+    caller.communicate(timeout=30)
+    assert caller.returncode == -signal.SIGTERM  # killed by it, as the command run alone would be
+    child = _pid_of_started(served, 1)
+    time.sleep(1.0)
+    # the child was killed by the forwarded SIGTERM: it logged no exit (a child left behind would have been
+    # stopped by its caller's closed connection, and logged exit 130)
+    assert not any(line.startswith(f"{child} validate exit") for line in _served_lines(served))
+
+    caller = _blocked_on_fifo(served, tmp_path / "b.yaml", 2)
     caller.send_signal(signal.SIGINT)
     caller.communicate(timeout=30)
     assert caller.returncode == 130  # as Ctrl-C ends the command run alone (typer exits 130)
-    assert any(" validate exit 130 in " in line for line in _served_lines(served))
+    assert any(line.startswith(f"{_pid_of_started(served, 2)} validate exit 130 in ") for line in _served_lines(served))
 
-    caller = _blocked_on_fifo(served, tmp_path / "b.yaml", 2)
+    caller = _blocked_on_fifo(served, tmp_path / "c.yaml", 3)
     caller.kill()  # SIGKILL: nothing is forwarded; the child sees its caller's connection close
     caller.wait(timeout=30)
-    _wait_until(lambda: sum(" validate exit 130 in " in line for line in _served_lines(served)) == 2, timeout=30)
+    child = _pid_of_started(served, 3)
+    _wait_until(lambda: any(line.startswith(f"{child} validate exit 130 in ") for line in _served_lines(served)),
+                timeout=30)
 
 
 def test_an_idle_server_exits_and_removes_its_socket(served: dict[str, str]) -> None:
-    env = {**served, "TUNECAST_WARM_IDLE": "1"}
+    env = {**served, "TUNECAST_WARM_IDLE": "3"}
     _started(env)
     lock = next(Path(env["TUNECAST_WARM_DIR"]).glob("*.lock"))
     pid = int(lock.read_text())
-    _wait_until(lambda: not any(Path(env["TUNECAST_WARM_DIR"]).glob("*.sock")), timeout=30)
 
     def gone() -> bool:
         try:
@@ -134,7 +154,20 @@ def test_an_idle_server_exits_and_removes_its_socket(served: dict[str, str]) -> 
             return True
         return Path(f"/proc/{pid}/stat").is_file() and Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
-    _wait_until(gone, timeout=30)
+    _wait_until(gone, timeout=60)
+    assert not any(Path(env["TUNECAST_WARM_DIR"]).glob("*.sock")) and not lock.read_text()
+
+
+def test_a_module_that_fails_to_load_is_left_to_the_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose preload fails still serves: the command imports the module itself and reports the error as
+    it would alone (a server that died instead would be started again by every command)."""
+    import gc
+
+    monkeypatch.setattr(warm, "PRELOAD", ("tunecast.no_such_module", "json"))
+    try:
+        warm._preload()
+    finally:
+        gc.unfreeze()
 
 
 def test_only_quick_commands_go_to_a_server_and_only_when_it_is_on(monkeypatch: pytest.MonkeyPatch,
@@ -156,15 +189,18 @@ def test_only_quick_commands_go_to_a_server_and_only_when_it_is_on(monkeypatch: 
 
 def test_a_server_is_keyed_by_the_source_and_its_directory_is_private(monkeypatch: pytest.MonkeyPatch,
                                                                       tmp_path: Path) -> None:
-    source = Path(warm.__file__)
+    copy = tmp_path / "tunecast"  # a copy of the sources: the real files' times are other tests' server keys
+    shutil.copytree(Path(warm.__file__).parent.parent, copy, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    monkeypatch.setattr(warm, "__file__", str(copy / "cli" / "warm.py"))
     before = warm.server_key()
+    source = copy / "estimate" / "memory.py"
     status = source.stat()
-    try:
-        os.utime(source, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))
-        assert warm.server_key() != before  # an edited tunecast is served by a new server
-    finally:
-        os.utime(source, ns=(status.st_atime_ns, status.st_mtime_ns))
+    os.utime(source, ns=(status.st_atime_ns, status.st_mtime_ns + 1_000_000_000))
+    assert warm.server_key() != before  # an edited tunecast is served by a new server
+    os.utime(source, ns=(status.st_atime_ns, status.st_mtime_ns))
     assert warm.server_key() == before
+    monkeypatch.setenv("PYTHONWARNINGS", "error")  # a child would inherit the server's interpreter settings
+    assert warm.server_key() != before
 
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)

@@ -10,13 +10,18 @@ status is the caller's. A signal that reaches the caller (Ctrl-C, SIGTERM, SIGHU
 a caller that dies takes its child with it. Every command is a fresh fork of a server that has run none, so
 no command sees what another did; the child reads the catalog, the cache and the templates itself.
 
-A server is keyed by the Python executable, the import path's directories and tunecast's source files (name,
-size, modification time): after an upgrade or an edit a new server serves, and the old one exits when idle,
-after TUNECAST_WARM_IDLE seconds (default 900) without a command. Its socket lies in a directory only its
-user may enter ($TUNECAST_WARM_DIR, else $XDG_RUNTIME_DIR/tunecast, else tunecast-UID in the temporary
-directory), with a log of the commands it served (command word, exit status, seconds; never arguments or
-environment). TUNECAST_WARM=0 turns it off, as the test suite does; where Python has no fork or Unix sockets
-(Windows) there is none. Commands that train or prompt never go through it.
+A server is keyed by the Python executable and its flags, the import path (the server is started on the
+caller's) and its directories' times, tunecast's source files (name, size, modification time), and what a
+child inherits from the server rather than from its caller (PYTHON* variables, groups, resource limits, CPU
+affinity): after an upgrade, an edit or a change of those a new server serves, and the old one exits when idle,
+after TUNECAST_WARM_IDLE seconds (default 900) without a command. A signal that ends the child (SIGTERM) ends
+its caller alike. A caller gives up on a server that has not forked its command within 10 s and runs it itself
+(the child runs only on the caller's go-ahead, so a command never runs twice). Its socket lies in a directory
+only its user may enter ($TUNECAST_WARM_DIR, else $XDG_RUNTIME_DIR/tunecast, else tunecast-UID in the temporary
+directory; on Linux the server also checks each caller's uid), with a lock holding the server's pid and a log of
+the commands it served (command word, exit status, seconds; never arguments or environment). TUNECAST_WARM=0
+turns it off, as the test suite does; where Python has no fork or Unix sockets (Windows) there is none.
+Commands that train or prompt never go through it.
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ PRELOAD = ("pydantic", "typer", "typer.main", "rich.console", "rich.table", "ric
            "tunecast.plan.planner", "tunecast.plan.report", "tunecast.plan.breakeven")
 _LENGTH = struct.Struct("!I")
 _MAX_ADDRESS = 100  # bytes of a Unix socket's path (107 on Linux, 103 on macOS)
+_LIMITS = ("RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_NOFILE", "RLIMIT_STACK", "RLIMIT_CPU", "RLIMIT_NPROC")
+_PID_TIMEOUT_S = 10.0  # a server that has not forked the command by then is not waited for
+# The server's start: the caller's import path first, so that it imports what the caller would.
+_BOOT = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nfrom tunecast.cli.warm import serve\n"
+         "serve(sys.argv[2], sys.argv[3])\n")
 _VALUED_OPTIONS = ("--catalog",)
 
 
@@ -86,12 +96,20 @@ def server_dir() -> Path | None:
 
 
 def server_key() -> str:
-    """What a server's code depends on: this Python, the import path's directories (an install or upgrade
-    changes one) but the script's own, and tunecast's source files."""
+    """What a server's code and process depend on: this Python and its flags, the import path (the server is
+    given the caller's) and its directories' times but the first's (an install or upgrade changes one), tunecast's
+    source files, and what a child inherits from the server rather than from its caller: the interpreter's start-up
+    settings (PYTHON* variables), groups, resource limits and CPU affinity."""
     import hashlib
+    import resource
 
-    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0".encode())
-    for entry in sys.path[1:]:  # not the script's directory (the working directory under `python -m`)
+    limits = [resource.getrlimit(getattr(resource, name)) for name in _LIMITS if hasattr(resource, name)]
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    interpreter = sorted((name, value) for name, value in os.environ.items() if name.startswith("PYTHON"))
+    inherited = {"flags": repr(sys.flags), "python": interpreter, "groups": os.getgroups(), "limits": limits,
+                 "affinity": affinity, "path": sys.path}
+    digest = hashlib.sha256(f"{sys.executable}\0{sys.version}\0{json.dumps(inherited)}\0".encode())
+    for entry in sys.path[1:]:  # the script's directory (the working one under `python -m`) changes all the time
         try:
             digest.update(f"{entry}\0{os.stat(entry or '.').st_mtime_ns}\0".encode())
         except OSError:
@@ -133,7 +151,7 @@ def _start_server(directory: Path, key: str) -> None:
     import subprocess
 
     with contextlib.suppress(OSError):  # no server: every command runs in its own process, as without one
-        subprocess.Popen([sys.executable, "-m", "tunecast.cli.warm", str(directory), key],
+        subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(sys.path), str(directory), key],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True, close_fds=True, cwd="/")
 
@@ -165,10 +183,13 @@ def _request(connection: socket.socket, argv: list[str]) -> int | None:
                           "streams": streams}).encode()
     replies = connection.makefile("rb")
     try:
+        connection.settimeout(_PID_TIMEOUT_S)
         socket.send_fds(connection, [_LENGTH.pack(len(payload)) + payload], [0, 1, 2])
         pid = int(json.loads(replies.readline())["pid"])
+        connection.settimeout(None)
+        connection.sendall(b"g")  # the child runs the command only on this: a caller that gave up runs it itself
     except (OSError, ValueError, KeyError, TypeError):
-        return None  # the server did not take the command (nothing ran: the pid comes first), so this process runs it
+        return None  # the server did not take the command (nothing ran), so this process runs it
     forwarded: list[int] = []
 
     def forward(signum: int, _frame: Any) -> None:
@@ -184,8 +205,11 @@ def _request(connection: socket.socket, argv: list[str]) -> int | None:
         reply = {}
     if isinstance(reply, dict) and isinstance(reply.get("exit"), int):
         return int(reply["exit"])
+    if forwarded and forwarded[-1] != signal.SIGINT:  # the child died of it: so does its caller, as alone
+        signal.signal(forwarded[-1], signal.SIG_DFL)
+        os.kill(os.getpid(), forwarded[-1])
     if forwarded:
-        return 128 + forwarded[-1]
+        return 130
     sys.stderr.write("tunecast: the command ended without an exit status (its process was killed)\n")
     return 1
 
@@ -195,11 +219,9 @@ def _request(connection: socket.socket, argv: list[str]) -> int | None:
 def _preload() -> None:
     import importlib
 
-    for name in PRELOAD:
-        try:
+    for name in PRELOAD:  # one that fails to import is left to the command, which reports it as it would alone
+        with contextlib.suppress(Exception):
             importlib.import_module(name)
-        except ImportError:
-            continue
     from pydantic import BaseModel
 
     # Catalog rows build their validators on first use (catalog/rows.py): build them here, once.
@@ -208,7 +230,8 @@ def _preload() -> None:
         model = pending.pop()
         pending.extend(model.__subclasses__())
         if model.__module__.startswith("tunecast.") and not model.__pydantic_complete__:
-            model.model_rebuild()
+            with contextlib.suppress(Exception):
+                model.model_rebuild()
     import gc
 
     # What the server imported is never freed: kept out of the collector's scans, a child's collections look
@@ -216,12 +239,14 @@ def _preload() -> None:
     gc.freeze()
 
 
-def serve(directory: Path, key: str) -> None:
-    """Serve commands on `directory`/`key`.sock until idle; return at once if another server holds the key."""
+def serve(where: str, key: str) -> None:
+    """Serve commands on `where`/`key`.sock until idle; return at once if another server holds the key, or if
+    its code is no longer what the key says (edited since the caller computed it)."""
     import fcntl
     import select
     import time
 
+    directory = Path(where)
     lock = open(directory / f"{key}.lock", "a")  # noqa: SIM115 - held for the server's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -231,6 +256,9 @@ def serve(directory: Path, key: str) -> None:
     lock.write(f"{os.getpid()}\n")  # which process serves: `kill $(cat KEY.lock)` stops it
     lock.flush()
     _preload()
+    if server_key() != key:
+        lock.truncate(0)
+        return
     path = directory / f"{key}.sock"
     # Bound under another name and moved into place once it listens, so that a caller never finds a socket
     # that refuses it (it would run the command itself and try to start a server); one a killed server left
@@ -263,6 +291,9 @@ def serve(directory: Path, key: str) -> None:
             children.discard(done)
         if ready:
             connection, _ = listener.accept()
+            if not _same_user(connection):
+                connection.close()
+                continue
             last = time.monotonic()
             pid = os.fork()
             if pid == 0:
@@ -284,6 +315,20 @@ def serve(directory: Path, key: str) -> None:
     listener.close()
     if not moved:
         path.unlink(missing_ok=True)
+    lock.truncate(0)  # no pid left behind for a later `kill $(cat KEY.lock)` to hit
+
+
+def _same_user(connection: socket.socket) -> bool:
+    """Whether the caller is this server's user (Linux tells the peer's credentials; elsewhere the directory's
+    permissions are the check)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return True
+    try:
+        _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i")))
+    except OSError:
+        return False
+    return bool(uid == os.getuid())
 
 
 def _receive(connection: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -328,6 +373,8 @@ def _child(connection: socket.socket, log: Any) -> None:
         os._exit(1)
     try:
         connection.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+        if connection.recv(1) != b"g":  # the caller gave up waiting and runs the command itself
+            os._exit(1)
 
         def watch() -> None:  # the caller went away (killed) before the command ended: stop as Ctrl-C would
             with contextlib.suppress(OSError):
@@ -341,8 +388,8 @@ def _child(connection: socket.socket, log: Any) -> None:
     except BaseException:
         code = 1
     finally:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # nothing stops the status from being sent
         finished.set()
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
@@ -380,5 +427,3 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    serve(Path(sys.argv[1]), sys.argv[2])
