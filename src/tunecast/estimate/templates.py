@@ -89,6 +89,15 @@ def _marker_window(config_data: dict[str, Any], above: bool, *, check: bool) -> 
     return max(window, 512)
 
 
+# A family's linear layers but the output head: the modules peft's `all-linear` adapts, so a target list that
+# names exactly these (as axolotl configs often do) is the same adapter and has the same template (checked by
+# tracing both, tests/unit/estimate/test_templates.py).
+_DECODER = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+LINEAR_LAYERS = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma2"), _DECODER),
+                 "phi": frozenset({"q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"}),
+                 "gpt2": frozenset({"c_attn", "c_proj", "c_fc"})}
+
+
 def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False) -> str:
     """What a template depends on: the model's structure (not its dimensions), the settings but the LoRA
     rank, the micro-batch regime, the side of the sliding window, the depths traced and the library
@@ -104,6 +113,8 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
     else:  # the rank is a variable; the scale alpha / rank changes no size; any dropout draws the same masks;
         # peft keeps a list of target modules as a set, so their order changes nothing
         targets = settings.adapters.targets
+        if not isinstance(targets, str) and frozenset(targets) == LINEAR_LAYERS.get(shallow.get("model_type")):
+            targets = "all-linear"  # the same adapter
         fields["adapters"].update(rank="r", alpha=None, dropout=settings.adapters.dropout > 0,
                                   targets=targets if isinstance(targets, str) else sorted(set(targets)))
     regime: dict[str, Any] = {"multi": multi}

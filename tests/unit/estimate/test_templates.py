@@ -240,3 +240,26 @@ def test_frees_with_no_allocation_between_them_are_compared_in_key_order() -> No
               Event("c", 1, category="activations"), Event("f", 5), Event("f", 4)]
     assert [(e.kind, e.key) for e in templates._free_runs_sorted(events)] == [
         ("a", 1), ("a", 2), ("f", 1), ("f", 2), ("a", 3), ("f", 3), ("c", 1), ("f", 4), ("f", 5)]
+
+
+@pytest.mark.parametrize("name, layers", [("meta-llama/Llama-3.2-1B", ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "gate_proj", "up_proj", "down_proj"]),
+                                          ("microsoft/phi-1_5", ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]),
+                                          ("openai-community/gpt2", ["c_attn", "c_proj", "c_fc"])])
+def test_a_target_list_of_every_linear_layer_is_all_linear(name: str, layers: list[str]) -> None:
+    """The same adapter as `all-linear` (peft adapts every linear layer but the head): the same trace, so the
+    same template; a list missing one layer is another."""
+    data = config(name, layers=2)
+    listed = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32, 0.05, tuple(reversed(layers)),
+                                                                           False, ())})
+    one_less = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32, 0.05, tuple(layers[1:]),
+                                                                             False, ())})
+    full = config(name)
+    assert templates.template_key(full, listed, True) == templates.template_key(full, LORA, True)
+    assert templates.template_key(full, one_less, True) != templates.template_key(full, LORA, True)
+
+    def events(settings: TraceSettings) -> list[tuple[Any, ...]]:
+        trace = trace_step(data, settings, 2, 32)
+        return [(e.kind, e.key, e.nbytes, e.category, e.phase, e.step) for e in trace.events] + [trace.facts]
+
+    assert events(listed) == events(LORA)
