@@ -4,8 +4,8 @@
 A template serves every model of one structure at any rank, vocabulary, width, micro-batch and length
 (docs/memory.md, "Speed"); this builds one per structure of the catalog's dense and mixture-of-experts models,
 in each of SETTINGS (LoRA in the default settings, with adapter dropout, on the attention projections, on q and
-v alone, in fp32 and in mixed precision, with eager attention; full fine-tuning), checkpointing on and off,
-micro-batch 1 and 2+, below and above a sliding window. Templates are keyed by the torch, transformers and peft
+v alone, on q, k and v, in fp32 and in mixed precision, with eager attention; full fine-tuning), checkpointing on
+and off, micro-batch 1 and 2+, below and above a sliding window. Templates are keyed by the torch, transformers and peft
 versions: rebuild them when those change.
 
 Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...] [--settings LABEL ...]  (about 15 s a template)
@@ -38,6 +38,7 @@ SETTINGS: dict[str, dict] = {
     "lora-dropout": {"method": "lora", "lora": {"dropout": 0.05}},
     "lora-attention": {"method": "lora", "lora": {"targets": ATTENTION}},  # models that name them otherwise: none
     "lora-qv": {"method": "lora", "lora": {"targets": ["q_proj", "v_proj"]}},  # peft's default for Llama-likes
+    "lora-qkv": {"method": "lora", "lora": {"targets": ["q_proj", "k_proj", "v_proj"]}},
     "lora-fp32": {"method": "lora", "precision": "fp32"},
     "lora-mixed": {"method": "lora", "precision": "bf16-mixed"},
     "lora-eager": {"method": "lora", "attention": "eager"},
