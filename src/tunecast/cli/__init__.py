@@ -14,6 +14,22 @@ if sys.argv[1:2] == ["train"]:
 
 from typing import Any
 
+_VALUED_OPTIONS = ("--catalog",)  # global options followed by a value
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command `argv` runs (its first word that is not an option or an option's value), or None: no
+    command, or help or the version asked before it. Read before anything heavy is imported (cli/warm.py)."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if word in _VALUED_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
 
 def main(argv: list[str] | None = None) -> None:
     """The console script. A quick command is run by the warm server when one is up (cli/warm.py); any other,

@@ -13,6 +13,7 @@ import typer
 from typer._click.exceptions import ClickException  # Typer bundles its own click
 
 from tunecast.catalog.store import Catalog, load_catalog
+from tunecast.cli import command_word
 from tunecast.cli.render import err, report_error
 from tunecast.errors import TunecastError
 from tunecast.paths import default_user_catalog_dir
@@ -80,7 +81,6 @@ COMMAND_MODULES = {
     "probe": "measure_cmds", "calibrate": "measure_cmds",
 }
 _REGISTERED: list[str] = []
-_VALUED_OPTIONS = {"--catalog"}  # global options followed by a value
 
 
 def register(modules: list[str] | None = None) -> None:
@@ -93,15 +93,8 @@ def register(modules: list[str] | None = None) -> None:
 
 def _command_module(argv: list[str]) -> str | None:
     """The module of the command `argv` runs, or None (no command, or help asked before it)."""
-    words = iter(argv)
-    for word in words:
-        if word in ("-h", "--help", "--version"):
-            return None
-        if word in _VALUED_OPTIONS:
-            next(words, None)
-        elif not word.startswith("-"):
-            return COMMAND_MODULES.get(word)
-    return None
+    word = command_word(argv)
+    return None if word is None else COMMAND_MODULES.get(word)
 
 
 def _wants_json(argv: list[str]) -> bool:

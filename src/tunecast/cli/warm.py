@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tunecast.cli import command_word
+
 # Commands that only read the catalog and the cache and print an answer.
 WARM_COMMANDS = frozenset({"memory", "plan", "breakeven", "gpus", "offers", "validate"})
 OFF_ENV, DIR_ENV, IDLE_ENV = "TUNECAST_WARM", "TUNECAST_WARM_DIR", "TUNECAST_WARM_IDLE"
@@ -53,19 +55,6 @@ _PID_TIMEOUT_S = 10.0  # a server that has not forked the command by then is not
 # The server's start: the caller's import path first, so that it imports what the caller would.
 _BOOT = ("import json, sys\nsys.path[:] = json.loads(sys.argv[1])\nfrom tunecast.cli.warm import serve\n"
          "serve(sys.argv[2], sys.argv[3])\n")
-_VALUED_OPTIONS = ("--catalog",)
-
-
-def _command(argv: list[str]) -> str | None:
-    words = iter(argv)
-    for word in words:
-        if word in _VALUED_OPTIONS:
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
 def _enabled() -> bool:
     return (os.environ.get(OFF_ENV) != "0" and hasattr(os, "fork") and hasattr(socket, "AF_UNIX")
             and hasattr(socket, "send_fds"))
@@ -127,7 +116,7 @@ def server_key() -> str:
 def run_warm(argv: list[str]) -> int | None:
     """Run `argv` in the warm server and return its exit status; None when this process must run it (not a
     quick command, the server is off, or none is up yet: one is started for the next command)."""
-    if _command(argv) not in WARM_COMMANDS or not _enabled():
+    if command_word(argv) not in WARM_COMMANDS or not _enabled():
         return None
     directory = server_dir()
     if directory is None:
@@ -365,7 +354,7 @@ def _child(connection: socket.socket, log: Any) -> None:
         os.environ.update(request["env"])
         _reopen_streams(request["streams"])
         sys.argv = [request["argv0"], *request["argv"]]
-        command = _command(request["argv"])
+        command = command_word(request["argv"])
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)

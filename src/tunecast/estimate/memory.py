@@ -27,7 +27,7 @@ from tunecast.estimate import replays
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.settings import TraceSettings
-from tunecast.estimate.shape import sliding_window, sliding_window_offset, text_config_data
+from tunecast.estimate.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.units import BYTES_PER_GIB
 
@@ -429,17 +429,12 @@ def _param_bytes(spec: RunSpec) -> int:
     return 2 if spec.precision in ("bf16", "fp8") else 4
 
 
-_EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-
-
-def _check_expert_precision(spec: RunSpec, config_data: dict[str, Any]) -> None:
+def _check_expert_precision(spec: RunSpec, settings: TraceSettings, config_data: dict[str, Any]) -> None:
     """Mixture-of-experts models are traced in bf16 only: transformers runs their experts through torch's
     grouped matmul, whose fake-tensor kernel (the one a trace runs) takes bf16 operands, so with float32 weights
     (fp32, or the fp32 master weights of mixed precision, which autocast leaves to the experts) the step does not
     run at all."""
-    config = text_config_data(config_data)
-    experts = max((value for key in _EXPERT_COUNT_KEYS if isinstance(value := config.get(key), int)), default=0)
-    if experts > 1 and spec.precision not in ("bf16", "fp8"):
+    if has_experts(config_data) and settings.precision != "bf16":
         from tunecast.errors import TunecastError
 
         raise TunecastError(f"precision {spec.precision}: a mixture-of-experts model's memory is estimated in bf16 "
@@ -455,8 +450,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
     only this micro-batch and length when nothing is cached (cheaper; no sweeps from it). Without `trace`,
     settings that neither a template nor the cache serves raise NeedsTrace (profiles.py)."""
-    _check_expert_precision(spec, config_data)
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
+    _check_expert_precision(spec, settings, config_data)
     batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
     cuda = device == "cuda"

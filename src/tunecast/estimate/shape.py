@@ -42,6 +42,16 @@ def sliding_window(data: dict[str, Any]) -> int | None:
     return window if isinstance(window, int) and window > 0 else None
 
 
+# Config keys that count a mixture of experts' experts (Mixtral and gpt-oss; Qwen's MoE models; DeepSeek's).
+_EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def has_experts(data: dict[str, Any]) -> bool:
+    """Whether the model's MLP is a mixture of more than one expert."""
+    config = _text_section(data)
+    return any(isinstance(count := config.get(key), int) and count > 1 for key in _EXPERT_COUNT_KEYS)
+
+
 def sliding_window_offset(data: dict[str, Any], seq: int) -> int:
     """0 below a sliding window; the window above it (attention masks differ on either side, so the
     fitting shapes must lie on the same side as the length asked for)."""

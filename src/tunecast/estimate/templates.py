@@ -29,6 +29,7 @@ from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import (
+    has_experts,
     layer_period,
     num_layers,
     shallow_config_data,
@@ -130,7 +131,7 @@ def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     loss (its number of chunks depends on the length), and a mixture of experts in bf16 only (in float32
     weights its step does not run: memory.py refuses it)."""
     config = text_config_data(config_data)
-    if config.get("model_type") in symbols.MOE_TYPES and settings.precision != "bf16":
+    if has_experts(config) and settings.precision != "bf16":
         return False
     return symbols.dense_dimensions(config) is not None and settings.loss != "chunked"
 
