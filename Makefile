@@ -11,6 +11,16 @@ TRAIN_DEMO ?= examples/tiny-lora.yaml
 
 .PHONY: demo test lint typecheck unit clean
 
+# SkyPilot in an environment of its own: it pins click below 8.2, which huggingface_hub 2 does not accept. The
+# exported task is read back by SkyPilot's parser from there (tests/unit/launch/test_launch.py).
+SKY_VENV ?= .venv-sky
+SKY_STAMP := $(SKY_VENV)/.skypilot-installed
+
+$(SKY_STAMP):
+	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/python -m pip install -q "skypilot>=0.8"
+	touch $(SKY_STAMP)
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
@@ -27,10 +37,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/mypy
 
-unit: $(STAMP)
+unit: $(STAMP) $(SKY_STAMP)
 	$(BIN)/pytest -q -n 2 --dist worksteal --durations=25
 
 test: lint unit
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SKY_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,6 +9,10 @@ Protocol, one JSON object per line: a request {"args", "cwd", "env", "log", "kil
 server answers {"pid"} once the child is forked, then {"pid", "code"} when it has ended (code: the exit
 status, or minus the signal number that killed it). `kill_in_write: N` makes the child SIGKILL itself
 half-way through its N-th file write to the run's storage (a kill while a checkpoint is being written).
+
+A request with `"ranks": N` forks N children at once, the workers of one run, each with the variables
+torchrun sets (tunecast.launch.local.rank_env) and its own log (`log` with `.rankR` appended); the server
+answers {"pids": [...]} and then {"codes": [...]}.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ def _warm() -> None:
     import accelerate  # noqa: F401
     import peft  # noqa: F401
     import safetensors.torch  # noqa: F401
-    import torch  # noqa: F401
+    import torch
+    import torch.distributed.checkpoint
+    import torch.distributed.fsdp  # noqa: F401
     import transformers  # noqa: F401
 
     import tunecast.cli.app
@@ -97,6 +103,29 @@ def _child(request: dict) -> None:
     os._exit(code)
 
 
+def _fork(request: dict) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child(request)
+        finally:
+            os._exit(1)
+    return pid
+
+
+def _ranks(request: dict) -> None:
+    from tunecast.launch.local import free_port, rank_env
+
+    count, port = int(request["ranks"]), free_port()
+    pids = []
+    for rank in range(count):
+        env = rank_env(rank, count, port, request.get("env", {}))
+        pids.append(_fork({**request, "env": env, "log": f"{request['log']}.rank{rank}"}))
+    print(json.dumps({"pids": pids}), flush=True)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    print(json.dumps({"codes": codes}), flush=True)
+
+
 def main() -> None:
     from tunecast.train.determinism import fix_cpu_threads
 
@@ -107,12 +136,10 @@ def main() -> None:
         if not line.strip():
             continue
         request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _child(request)
-            finally:
-                os._exit(1)
+        if request.get("ranks"):
+            _ranks(request)
+            continue
+        pid = _fork(request)
         print(json.dumps({"pid": pid}), flush=True)
         _, status = os.waitpid(pid, 0)
         print(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}), flush=True)

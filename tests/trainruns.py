@@ -93,6 +93,23 @@ class ForkServer:
     def _wait(self) -> int:
         return int(json.loads(self.process.stdout.readline())["code"])  # type: ignore[union-attr]
 
+    def start_ranks(self, args: list[str], log: Path, ranks: int) -> list[int]:
+        """Start `ranks` workers of `tunecast ARGS` (one run, torchrun's variables); their pids. Logs: LOG.rankR."""
+        request = {"args": args, "cwd": str(REPO), "log": str(log), "ranks": ranks,
+                   "env": {**{k: v for k, v in os.environ.items() if k.startswith(("TUNECAST_", "HF_", "AWS_"))},
+                           **self.env}}
+        self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        return [int(pid) for pid in json.loads(self.process.stdout.readline())["pids"]]  # type: ignore[union-attr]
+
+    def wait_ranks(self) -> list[int]:
+        """The exit status of each worker started by start_ranks (minus the signal number when killed)."""
+        return [int(code) for code in json.loads(self.process.stdout.readline())["codes"]]  # type: ignore[union-attr]
+
+    def run_ranks(self, args: list[str], log: Path, ranks: int) -> list[int]:
+        self.start_ranks(args, log, ranks)
+        return self.wait_ranks()
+
     def run(self, args: list[str], log: Path, *, kill_in_write: int | None = None) -> int:
         """Run `tunecast ARGS` to its end; its exit status (minus the signal number when killed)."""
         self._send(args, log, kill_in_write)

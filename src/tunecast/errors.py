@@ -44,6 +44,11 @@ class TunecastError(Exception):
         return [Problem(self.field, self.message, self.hint)]
 
 
+class SharedError(TunecastError):
+    """A user error that rank 0 of a run found and passed to the other ranks: rank 0 reports it, they only
+    exit with its status."""
+
+
 class ConfigError(TunecastError):
     """Several problems found at once in a configuration (or catalog) file."""
 

@@ -10,7 +10,8 @@ from tests.models import shallow_llama
 
 OPTION_KEYS = {"gpu", "gpu_count", "provider", "spot", "usd_per_hour_total", "fits", "micro_batch", "grad_accum",
                "grad_checkpointing", "peak_reserved_gib", "tokens_per_second", "tokens_per_second_per_gpu", "hours",
-               "compute_usd", "storage_usd", "preemption_usd", "total_usd", "pareto", "notes"}
+               "compute_usd", "storage_usd", "preemption_usd", "total_usd", "pareto", "notes", "strategy", "engine",
+               "launcher", "nodes"}
 
 
 @pytest.fixture(autouse=True)
@@ -41,7 +42,9 @@ def test_plan_json_follows_the_contract(cli, model) -> None:
     assert document["dataset"]["trained_tokens"] == document["dataset"]["processed_tokens"]  # no prompts declared
     options = document["options"]
     assert options and all(set(o) >= OPTION_KEYS for o in options)
-    assert {o["gpu"] for o in options} == {"h100-sxm"} and {o["gpu_count"] for o in options} == {1, 2, 4, 8}
+    # one node of 1-8, and 2 or 4 nodes of 8 on the H100 offers that publish their network between nodes
+    assert {o["gpu"] for o in options} == {"h100-sxm"} and {o["gpu_count"] for o in options} == {1, 2, 4, 8, 16, 32}
+    assert all(o["nodes"] == max(1, o["gpu_count"] // 8) for o in options)
     priced = [o["total_usd"] for o in options if o["total_usd"] is not None]
     assert priced == sorted(priced) and any(o["pareto"] for o in options)
     assert {o["spot"] for o in options} == {False, True}  # spot offers priced beside on-demand

@@ -73,3 +73,32 @@ def test_runner_memory_matches_the_estimate(case: str, tmp_path: Path, shared_ca
     measured = peak - baseline
     print(f"{case}: measured {measured:.3f} GiB, predicted {predicted:.3f} GiB ({predicted / measured - 1:+.1%})")
     assert measured == pytest.approx(predicted, rel=0.05), f"measured {measured:.3f} GiB, predicted {predicted:.3f}"
+
+
+def test_each_fsdp2_rank_uses_what_the_estimate_says(tmp_path: Path, shared_cache: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two FSDP2 processes (gloo) of GPT-2 with LoRA: each rank's resident growth over its training steps is within
+    10% of `tunecast memory --device cpu --gpus 2 --strategy fsdp`. The peak is counted from after the model was
+    sharded (each rank builds the whole model first; train/host_memory.py reset_peak_rss)."""
+    model = "openai-community/gpt2"
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+    data = tmp_path / "text.jsonl"
+    long_texts(data, 16)
+    catalog = load_catalog(None)
+    config = {"model": str(catalog.models.find(model).path), "method": "lora", "lora": {"rank": 16},
+              "precision": "fp32", "micro_batch": 2, "seq_len": 512, "max_steps": 2,
+              "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)}, "checkpoint": {"every_steps": 100},
+              "gpus": {"count": 2, "strategy": "fsdp"}, "output": str(tmp_path / "out")}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    predicted = estimate_memory(RunSpec.model_validate(config), catalog.models.find(model).data, device="cpu",
+                                gpu=None, overheads=catalog.overheads, exact_shape=True).device_total_gib
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_CACHE": str(shared_cache), "TUNECAST_WARM": "0"}
+    done = run_subprocess(sys.executable, "-m", "tunecast", "train", str(path), "--no-memory-check", env=env)
+    assert done.code == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    start = next(line for line in lines if line.get("event") == "start")
+    for rank, baseline in enumerate(start["rss_before_model_gib_ranks"]):
+        measured = max(line["peak_rss_gib_ranks"][rank] for line in lines if line["kind"] == "train") - baseline
+        print(f"rank {rank}: measured {measured:.3f} GiB, predicted {predicted:.3f} GiB ({predicted / measured - 1:+.1%})")
+        assert measured == pytest.approx(predicted, rel=0.10), f"rank {rank}: {measured:.3f} GiB measured"

@@ -109,6 +109,9 @@ class Offer(CatalogRow):
     """Published persistent volume price, USD per GB-month; empty where the offer publishes none."""
     spot_interruptions_per_hour: float | None = Field(None, ge=0)
     """Published mean spot interruptions per instance-hour; empty when unknown."""
+    internode_gb_per_s: float | None = Field(None, gt=0)
+    """Network bandwidth between nodes of this offer, per node and direction, decimal GB/s (AWS EFA, InfiniBand,
+    RoCE); empty where the provider publishes none. Only offers with it are planned across several nodes."""
     volume_default: VolumeDefault | None = Field(None, exclude=True)
     """The default for its kind of provider, filled in by the catalog when the offer publishes no volume price;
     None when it publishes one. Not a CSV column."""

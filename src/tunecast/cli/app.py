@@ -15,7 +15,7 @@ from typer._click.exceptions import ClickException  # Typer bundles its own clic
 from tunecast.catalog.store import Catalog, load_catalog
 from tunecast.cli import command_word
 from tunecast.cli.render import err, report_error
-from tunecast.errors import TunecastError
+from tunecast.errors import SharedError, TunecastError
 from tunecast.paths import default_user_catalog_dir
 from tunecast.version import __version__
 
@@ -79,6 +79,7 @@ COMMAND_MODULES = {
     "plan": "plan_cmds", "breakeven": "plan_cmds",
     "train": "train_cmds", "merge": "train_cmds",
     "probe": "measure_cmds", "calibrate": "measure_cmds",
+    "export": "export_cmds",
 }
 _REGISTERED: list[str] = []
 
@@ -102,9 +103,14 @@ def _wants_json(argv: list[str]) -> bool:
     return "--json" in words
 
 
+# The command line being run (after the program name): `tunecast train --gpus N` starts its workers with it.
+ARGS: list[str] = []
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: user errors → message and exit 2; bugs → a short note and exit 1 (traceback with --debug)."""
     args = sys.argv[1:] if argv is None else argv
+    ARGS[:] = args
     debug = "--debug" in args or os.environ.get("TUNECAST_DEBUG") == "1"
     module = _command_module(args)
     register([module] if module is not None else None)
@@ -112,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         # standalone_mode=False: click returns typer.Exit's code instead of exiting, and raises the rest here.
         result = app(args=args, prog_name="tunecast", standalone_mode=False)
     except TunecastError as error:
+        if isinstance(error, SharedError):  # a worker of a run whose rank 0 reports this error
+            sys.exit(2)
         if debug:
             import traceback
 

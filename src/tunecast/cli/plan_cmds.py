@@ -90,7 +90,8 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for option in priced[:top] + unpriced[:UNPRICED_SHOWN]:
         cost = option["total_usd"] is not None
-        table.add_row("★" if option["pareto"] else "", f"{option['gpu_count']}×{option['gpu']}",
+        strategy = f" {option['strategy']}" if option["gpu_count"] > 1 and option["strategy"] else ""
+        table.add_row("★" if option["pareto"] else "", f"{option['gpu_count']}×{option['gpu']}{strategy}",
                       escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "",
                       format_usd(option["usd_per_hour_total"]) if cost else "—",
                       f"{option['micro_batch']}×{option['grad_accum']}",

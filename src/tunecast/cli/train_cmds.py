@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +16,7 @@ from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.errors import Problem
 from tunecast.estimate.progress import listening
 from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag
 
@@ -100,7 +103,9 @@ def train_command(
     spec_args: SpecArgs,
 ) -> int:
     """Fine-tune: checkpoints in OUTPUT/checkpoints, metrics in OUTPUT/metrics.jsonl, the result in OUTPUT/final.
-    Preempted (SIGTERM, SIGINT, SIGUSR1): saves a checkpoint and exits 75; the same command resumes."""
+    Preempted (SIGTERM, SIGINT, SIGUSR1): saves a checkpoint and exits 75; the same command resumes. With
+    gpus.count (or --gpus) above 1 it starts that many workers (DDP or FSDP2, gpus.strategy); it also runs as
+    the workers of torchrun or accelerate launch."""
     started = time.monotonic()
     installed_here = not PROCESS_FLAG.installed  # run from code (tests), not from the console script
     flag = PROCESS_FLAG.install() if installed_here else PROCESS_FLAG
@@ -111,15 +116,65 @@ def train_command(
             flag.uninstall()
 
 
+def _launch(count: int, json_output: bool) -> int:
+    """Start `count` workers of this same command and wait for them (launch/local.py)."""
+    from tunecast.cli.app import ARGS
+    from tunecast.launch.local import launch
+
+    err.print(f"starting {count} worker processes (rank 0 reports)")
+    status, ended = launch(ARGS, count)
+    failed = [one for one in ended if one.code not in (0, EXIT_PREEMPTED)]
+    if failed:
+        first = failed[0]
+        err.print(f"[red]{escape(first.describe())}; the other workers stopped. The newest complete checkpoint is "
+                  "kept: run the same command again to resume from it.[/]")
+    return status
+
+
+def _marked(status: int) -> int:
+    """A worker's status, and under a launcher that cannot pass it on (torchrun exits 1 for any failure) a mark
+    that it stopped to be resumed: the file TUNECAST_EXIT_FILE names (the exported SkyPilot script reads it)."""
+    marker = os.environ.get("TUNECAST_EXIT_FILE")
+    if status == EXIT_PREEMPTED and marker:
+        with contextlib.suppress(OSError):
+            Path(marker).write_text(f"{EXIT_PREEMPTED}\n")
+    return status
+
+
 def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
            spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float) -> int:
+    return _marked(_run_train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag,
+                              started))
+
+
+def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
+               spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float) -> int:
     from tunecast.config.load import Override
 
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
                              spec_args.allow_download)
+    from tunecast.train.distributed import world_from_env
+
     loaded = load_from_cli(ctx, config, spec_args)
-    print_problems(list(loaded.warnings))
+    world = world_from_env()
+    if world.distributed and loaded.spec.fixed("gpus.count") and loaded.spec.gpus.count != world.size:
+        from tunecast.errors import TunecastError
+
+        raise TunecastError(f"gpus.count is {loaded.spec.gpus.count} but the launcher started {world.size} processes",
+                            field="gpus.count", hint=f"set gpus.count (or --gpus) to {world.size}, or leave it out")
+    if not world.distributed and loaded.spec.gpus.count > 1:
+        print_problems(list(loaded.warnings))
+        return _launch(loaded.spec.gpus.count, json_output)
+    if world.main:
+        from tunecast.launch.accelerate import contradiction
+
+        said = contradiction(loaded.spec.gpus.strategy, dict(os.environ)) if world.distributed else None
+        if said:
+            print_problems([Problem("gpus.strategy", said, f"tunecast trains with gpus.strategy "
+                                    f"({loaded.spec.gpus.strategy}); `tunecast export accelerate` writes a matching "
+                                    "accelerate config", severity="warning")])
+        print_problems(list(loaded.warnings))
     reporter = ConsoleReporter()
     try:
         flag.check()
@@ -139,9 +194,15 @@ def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check
         return EXIT_PREEMPTED
     finally:
         reporter.close()
+    if result.rank != 0:  # rank 0 speaks for the run
+        return EXIT_PREEMPTED if not result.finished else 0
     print_problems(result.warnings)
     if json_output:
         print_json(result.as_dict())
+    if result.lost is not None:
+        err.print(f"[yellow]Another worker was lost ({escape(result.lost)}): stopped without a new checkpoint; the "
+                  f"newest complete one is step {result.steps}. Run the same command again to resume.[/]")
+        return EXIT_PREEMPTED
     if result.already_complete:
         err.print(f"Already complete: {escape(result.output)} finished at step {result.steps}; final model in "
                   f"{escape(str(result.final))}. Pass --fresh to train again.")

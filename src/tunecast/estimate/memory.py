@@ -328,8 +328,14 @@ def _apply_activation_offload(step: StepMemory, layers: int) -> None:
     step.notes.append("activation offload: saved activations kept in CPU RAM, two layers' worth on the GPU")
 
 
-def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: int) -> None:
-    """Per-GPU memory for the multi-GPU strategy and CPU offload."""
+def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: int, layers: int) -> None:
+    """Per-GPU memory for the multi-GPU strategy and CPU offload.
+
+    FSDP2 as tunecast wraps it (train/distributed.py): every decoder layer a unit, the rest of the model
+    (embeddings, final norm, output head) the root unit. Each rank keeps its shard of every parameter; a unit's
+    parameters gathered for computing are a full copy beside the shards. The root is gathered for the whole
+    forward and backward pass (FSDP2 does not reshard the root after the forward pass); a layer for its own
+    passes, with the next one prefetched. zero2 keeps every gathered layer until the backward pass is done."""
     gpus = spec.gpus
     count = gpus.count
     if gpus.strategy == "ddp":
@@ -344,12 +350,16 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     shard_weights = gpus.strategy in ("fsdp", "zero3")
     for phase, memory in step.phases.items():
         b = memory.breakdown
-        if shard_weights:
+        whole = b["trainable_weights"] if spec.method == "full" else b["weights"]
+        root = max(0.0, whole - layers * facts.layer_bytes)
+        passes = phase != "optimizer"
+        if count > 1:
+            gathered = whole if not shard_weights else root + 2 * facts.layer_bytes
             b["weights"] /= count
             b["trainable_weights"] /= count
             b["quantization"] /= count
-            # Unsharded parameters of the layer being computed and of the one prefetched.
-            b["temporaries"] += 2 * facts.layer_bytes * (count - 1) / count
+            if passes:
+                b["temporaries"] += gathered
         b["gradients"] /= count
         b["optimizer"] /= count
         if phase == "backward" and count > 1:
@@ -366,8 +376,10 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
             for category in ("weights", "trainable_weights", "gradients"):
                 memory.breakdown[category] = 0.0
     step.host_bytes += offloaded
-    label = {"fsdp": "FSDP2 full shard", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}[gpus.strategy]
-    step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus gather buffers of two layers")
+    label = {"fsdp": "FSDP2 full shard", "zero2": "ZeRO-2 (FSDP2 without resharding after the forward pass)",
+             "zero3": "ZeRO-3 (FSDP2 full shard)"}[gpus.strategy]
+    kept = "every layer" if gpus.strategy == "zero2" else "the embeddings and head, and two layers,"
+    step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus {kept} gathered for the passes")
 
 
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int) -> None:
@@ -377,7 +389,7 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
         _apply_activation_offload(step, layers)
-    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes)
+    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes, layers=layers)
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,

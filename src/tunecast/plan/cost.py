@@ -52,12 +52,18 @@ def billed_hours(hours: float, offer: Offer) -> float:
     return max(increments * offer.billing_increment_s, offer.minimum_charge_s) / SECONDS_PER_HOUR
 
 
+GPUS_PER_NODE = 8  # a multi-GPU box of single-GPU offers holds at most this many
+
+
 def billed_gpus(gpu_count: int, offer: Offer) -> int | None:
-    """GPUs paid for; None when the offer's node is smaller than the run (no multi-node runs here)."""
+    """GPUs paid for: whole nodes of a multi-GPU offer; None when the run does not fit the offer's nodes (more
+    GPUs than a node, on an offer whose inter-node network is not published)."""
+    if gpu_count > max(offer.gpu_count, GPUS_PER_NODE if offer.gpu_count == 1 else 0):
+        if offer.internode_gb_per_s is None or gpu_count % offer.gpu_count:
+            return None
+        return gpu_count
     if offer.gpu_count == 1:
         return gpu_count
-    if gpu_count > offer.gpu_count:
-        return None
     return offer.gpu_count
 
 
@@ -111,6 +117,10 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
                    if rate is not None)
         if interruptions_override is None and published is None:
             notes.append(f"no published preemption rate: {lam:g} per hour assumed")
+        nodes = gpus // offer.gpu_count if offer.gpu_count > 1 else 1
+        if nodes > 1:  # the rate is per instance: a preemption of any node stops every node
+            lam *= nodes
+            notes.append(f"{nodes} nodes: preempted {nodes}× as often as one")
         interval = shape.fixed_interval_hours or (young_daly_interval(shape.checkpoint_write_hours, lam) if lam
                                                   else ON_DEMAND_CHECKPOINT_HOURS)
         writes = shape.train_hours / interval * shape.checkpoint_write_hours

@@ -17,6 +17,7 @@ from typing import Any
 
 from tunecast.catalog.devices import from_probe, is_cpu
 from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.offers import Offer
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import TORCH_ADAMW, RunSpec
@@ -24,12 +25,14 @@ from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.calibration import Calibration
-from tunecast.plan.cost import OfferCost, RunShape, price_run
+from tunecast.plan.cost import GPUS_PER_NODE, OfferCost, RunShape, price_run
 from tunecast.plan.throughput import StepTime, forward_seconds, step_time
 from tunecast.plan.workload import Workload, evaluations, optimizer_steps
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
 GPU_COUNTS = (1, 2, 4, 8)
+# Several nodes of 8, on offers that publish their inter-node network (Offer.internode_gb_per_s).
+MULTI_NODE_COUNTS = (16, 32)
 MIB = 2**20
 SMALL_MICRO_BATCH = 2
 # Changes `plan.allow` may permit, in the order tried: least effect on speed and on the result first.
@@ -93,6 +96,7 @@ class Option:
             "micro_batch": c.micro_batch if c else None, "grad_accum": c.grad_accum if c else None,
             "grad_checkpointing": c.grad_checkpointing if c else None,
             "strategy": c.spec.gpus.strategy if c else None,
+            **launch_of(self.gpu_count, c.spec.gpus.strategy if c else None),
             "changes": list(c.changes) if c else [],
             "peak_reserved_gib": round(c.memory.peak_reserved_gib, 2) if c else None,
             "device_total_gib": round(c.memory.device_total_gib, 2) if c else None,
@@ -154,8 +158,9 @@ class Planner:
                                                        "calibration"))
         return estimate
 
-    def configure(self, gpu: Gpu, count: int) -> Configuration | str:
-        """The fastest configuration of `count` × `gpu` that fits, or why none does."""
+    def configure(self, gpu: Gpu, count: int, internode_gb_per_s: float | None = None) -> Configuration | str:
+        """The fastest configuration of `count` × `gpu` that fits, or why none does; `internode_gb_per_s` is the
+        network between nodes when `count` spans several."""
         spec = self.spec
         batch = self.global_batch()
         if batch % count:
@@ -203,7 +208,7 @@ class Planner:
                     if fitting or memory.device_total_gib <= capacity:
                         fitting.append(self._configuration(gpu, count, candidate, micro_batch,
                                                            per_gpu // micro_batch, checkpointing, memory,
-                                                           tuple(names)))
+                                                           tuple(names), internode_gb_per_s))
                 if fitting:
                     # the largest micro-batch is not always the fastest: unpacked, it pads every sequence to
                     # the longest of more examples
@@ -223,7 +228,8 @@ class Planner:
                 f"{capacity:.1f} GiB the plan may use{tried}")
 
     def _configuration(self, gpu: Gpu, count: int, spec: RunSpec, micro_batch: int, grad_accum: int,
-                       checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...]) -> Configuration:
+                       checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...],
+                       internode_gb_per_s: float | None = None) -> Configuration:
         settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
         pair = get_profiles(self.loaded.model.data, settings, micro_batch, spec.seq_len)
         sequence = max(1, round(self.workload.tokens_per_sequence(micro_batch)))
@@ -234,7 +240,7 @@ class Planner:
         offloaded = memory.host_ram_gib * BYTES_PER_GIB if spec.activation_offload else 0.0
         step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
                          grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
-                         offloaded_activation_bytes=offloaded)
+                         offloaded_activation_bytes=offloaded, internode_gb_per_s=internode_gb_per_s)
         predicted_total = step.total_s
         real = self.workload.real_fraction(micro_batch)
         basis = "predicted"
@@ -297,28 +303,63 @@ class Planner:
     def options(self, gpus: list[Gpu], *, interruptions_override: float | None = None, today: date,
                 progress: Callable[[str], None] | None = None) -> Iterator[Option]:
         spec = self.spec
-        counts = [spec.gpus.count] if spec.fixed("gpus.count") else list(GPU_COUNTS)
+        counts = [spec.gpus.count] if spec.fixed("gpus.count") else list(GPU_COUNTS + MULTI_NODE_COUNTS)
         offers = [o for o in self.catalog.offers if not spec.pricing.providers or o.provider in spec.pricing.providers]
         default_rate = self.catalog.throughput.get("spot_interruptions_per_hour")
         for gpu in gpus:
             if progress is not None:
                 progress(gpu.slug)
-            for count in device_counts(gpu, counts):
-                configured = self.configure(gpu, count)
+            for count, internode in self._shapes(gpu, counts, offers):
+                configured = self.configure(gpu, count, internode)
                 if isinstance(configured, str):
                     yield Option(None, gpu.slug, count, None, configured)
                     continue
+                if internode is not None:
+                    configured.notes.append(f"{count // GPUS_PER_NODE} nodes of {GPUS_PER_NODE}, "
+                                            f"{internode:g} GB/s between nodes")
                 shape = self.run_shape(configured)
                 priced = False
-                for offer in (o for o in offers if o.gpu == gpu.slug):
+                for offer in (o for o in offers if o.gpu == gpu.slug
+                              and (internode is None or o.internode_gb_per_s == internode)):
                     for spot in ((False, True) if spec.pricing.spot else (False,)):
                         cost = price_run(shape, offer, spot=spot, default_interruptions_per_hour=default_rate,
                                          today=today, interruptions_override=interruptions_override)
                         if cost is not None:
                             priced = True
                             yield Option(configured, gpu.slug, count, cost)
-                if not priced:
+                if not priced and internode is None:
                     yield Option(configured, gpu.slug, count, None, None)
+
+    def _shapes(self, gpu: Gpu, counts: list[int], offers: list[Offer]) -> Iterator[tuple[int, float | None]]:
+        """(count, inter-node network) pairs to plan: one node as before; several nodes once per distinct network
+        among the GPU's offers of whole 8-GPU nodes that publish one."""
+        for count in device_counts(gpu, counts):
+            if count <= GPUS_PER_NODE:
+                yield count, None
+                continue
+            networks = sorted({o.internode_gb_per_s for o in offers if o.gpu == gpu.slug
+                               and o.gpu_count == GPUS_PER_NODE and o.internode_gb_per_s is not None})
+            for network in networks:
+                yield count, network
+
+
+# What runs each strategy (train/distributed.py): the engine, as the option names it.
+ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
+           "zero2": "FSDP2, parameters kept gathered in the passes"}
+
+
+def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
+    """How an option of `count` GPUs is run: the engine, the launcher, the nodes it spans."""
+    nodes = max(1, -(-count // GPUS_PER_NODE))
+    if strategy is None:  # no configuration fits
+        return {"engine": None, "launcher": None, "nodes": nodes}
+    if count == 1:
+        engine, launcher = "one process", "tunecast train"
+    else:
+        engine = ENGINES[strategy]
+        launcher = (f"tunecast train --gpus {count} (or torchrun / accelerate launch)" if nodes == 1 else
+                    f"tunecast export skypilot --gpus {count} --nodes {nodes} (torchrun on each node)")
+    return {"engine": engine, "launcher": launcher, "nodes": nodes}
 
 
 def device_counts(gpu: Gpu, counts: list[int]) -> list[int]:

@@ -44,7 +44,10 @@ def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, tod
         stamp = [stat.st_size, stat.st_mtime_ns]
     catalog_rows = ([o.document() for o in catalog.offers] + [g.document() for g in catalog.gpus]
                     + [r.document() for r in catalog.throughput.rows] + [r.document() for r in catalog.overheads])
-    payload = json.dumps({"spec": loaded.spec.model_dump(mode="json"), "model": loaded.model.data,
+    # what the user set as well as every value: a value set equal to its default fixes it (gpus.count: 1 plans one
+    # GPU, the default plans every count)
+    payload = json.dumps({"spec": loaded.spec.model_dump(mode="json"),
+                          "set": loaded.spec.model_dump(mode="json", exclude_unset=True), "model": loaded.model.data,
                           "request": request.__dict__, "dataset": stamp, "catalog": catalog_rows,
                           "today": today.isoformat(), "version": __version__,
                           "format": [PLAN_FORMAT, PROFILE_FORMAT]},

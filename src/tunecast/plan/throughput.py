@@ -43,6 +43,7 @@ from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import ProfilePair
 from tunecast.estimate.settings import TRACED_OPTIMIZERS
+from tunecast.plan.cost import GPUS_PER_NODE
 
 
 @dataclass(frozen=True)
@@ -226,10 +227,11 @@ def dequantize_seconds(pair: ProfilePair, rates: _Rates, *, passes: int) -> floa
 
 def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *, micro_batch: int,
               seq: int, grad_accum: int, gpu_count: int, grad_checkpointing: bool,
-              offloaded_activation_bytes: float = 0.0) -> StepTime:
+              offloaded_activation_bytes: float = 0.0, internode_gb_per_s: float | None = None) -> StepTime:
     """One optimizer step of `spec` on one of `gpu_count` GPUs, micro-batches of `micro_batch` × `seq`.
     `offloaded_activation_bytes`: what activation offload moves to CPU RAM per micro-batch (the memory
-    estimate's host RAM)."""
+    estimate's host RAM). `internode_gb_per_s`: the network between nodes, per node, for a run of more GPUs
+    than a node holds: the ring's slowest hop is then each GPU's share of its node's network."""
     rates = _Rates.of(spec, gpu, constants)
     bandwidth = rates.bandwidth
     tokens = micro_batch * seq
@@ -270,7 +272,10 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
 
     communication_s = 0.0
     if gpu_count > 1:
-        link = gpu.interconnect_gb_per_s / 2 * 1e9 * constants.get("communication_efficiency")
+        per_gpu_gb_per_s = gpu.interconnect_gb_per_s / 2
+        if gpu_count > GPUS_PER_NODE and internode_gb_per_s is not None:
+            per_gpu_gb_per_s = min(per_gpu_gb_per_s, internode_gb_per_s / GPUS_PER_NODE)
+        link = per_gpu_gb_per_s * 1e9 * constants.get("communication_efficiency")
         ring = (gpu_count - 1) / gpu_count
         grads = trainable * param_bytes
         if spec.gpus.strategy == "ddp":

@@ -160,6 +160,16 @@ def micro_batches(data: TrainData, order: list[int], start: int, *, micro_batch:
     return [[data.units[i] for i in chosen[at:at + micro_batch]] for at in range(0, len(chosen), micro_batch)]
 
 
-def eval_batches(data: TrainData, micro_batch: int) -> Iterator[list[Unit]]:
-    for at in range(0, len(data.eval_units), micro_batch):
-        yield data.eval_units[at:at + micro_batch]
+def rank_passes(micro: list[list[Unit]], *, rank: int, world: int) -> list[list[Unit] | None]:
+    """This rank's share of a step's micro-batches: micro-batch k goes to rank k mod `world`. Every rank gets
+    as many passes as the busiest one, so that each runs the collectives of every pass; a pass with no
+    micro-batch left (the short last step of an epoch) is None, run on a stand-in batch whose loss counts for
+    nothing. One process gets them all, in order."""
+    passes = -(-len(micro) // world)
+    return [micro[k] if (k := at * world + rank) < len(micro) else None for at in range(passes)]
+
+
+def eval_batches(data: TrainData, micro_batch: int, *, rank: int = 0, world: int = 1) -> Iterator[list[Unit] | None]:
+    """This rank's share of the held-out micro-batches (rank_passes' rule)."""
+    chunks = [data.eval_units[at:at + micro_batch] for at in range(0, len(data.eval_units), micro_batch)]
+    yield from rank_passes(chunks, rank=rank, world=world)

@@ -30,19 +30,27 @@ def base_reference(loaded: LoadedSpec, storage: Storage) -> str:
 
 
 def write_final(session: Session, storage: Storage, loaded: LoadedSpec) -> None:
-    model = session.accelerator.unwrap_model(session.model)
+    """Every rank calls it: under FSDP2 the whole weights are gathered from the shards first; rank 0 writes."""
+    engine = session.engine
+    model = engine.unwrap(session.model)
     spec = session.spec
-    with tempfile.TemporaryDirectory(prefix="tunecast-final-") as temporary:
-        folder = Path(temporary)
-        if spec.method == "full":
-            model.save_pretrained(str(folder))
-        else:
-            for config in model.peft_config.values():
-                config.base_model_name_or_path = base_reference(loaded, storage)
-            model.save_pretrained(str(folder))
-        save_tokenizer(session.tokenizer, folder)
-        (folder / "README.md").write_text(model_card(session, loaded, base_reference(loaded, storage)))
-        write_set(storage, FINAL, folder_files(folder), {"kind": "final", "step": session.progress.step})
+    state = None
+    if engine.sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=spec.method != "full"))
+    if engine.world.main:
+        with tempfile.TemporaryDirectory(prefix="tunecast-final-") as temporary:
+            folder = Path(temporary)
+            if spec.method != "full":
+                for config in model.peft_config.values():
+                    config.base_model_name_or_path = base_reference(loaded, storage)
+            model.save_pretrained(str(folder), **({"state_dict": state} if state is not None else {}))
+            save_tokenizer(session.tokenizer, folder)
+            (folder / "README.md").write_text(model_card(session, loaded, base_reference(loaded, storage)))
+            write_set(storage, FINAL, folder_files(folder), {"kind": "final", "step": session.progress.step})
+    engine.barrier()
 
 
 def model_card(session: Session, loaded: LoadedSpec, base: str) -> str:
@@ -57,12 +65,14 @@ def model_card(session: Session, loaded: LoadedSpec, base: str) -> str:
     lines: list[Any] = [
         f"# {loaded.model.name} — {spec.method} fine-tune by tunecast",
         "",
-        f"{what.capitalize()} of `{loaded.model.name}` (base: `{base}`).",
+        f"{what[0].upper()}{what[1:]} of `{loaded.model.name}` (base: `{base}`).",
         "",
         "| | |", "|---|---|",
         f"| precision, optimizer | {spec.precision}, {spec.optimizer} (learning rate {spec.learning_rate:g}, "
         f"{spec.schedule}, {session.warmup_steps} warm-up steps) |",
-        f"| batch | micro-batch {session.micro_batch} × accumulation {session.grad_accum} × {spec.seq_len} tokens |",
+        f"| batch | micro-batch {session.micro_batch} × accumulation {session.grad_accum}"
+        f"{f' × {session.engine.world.size} processes' if session.engine.world.size > 1 else ''} × "
+        f"{spec.seq_len} tokens |",
         f"| data | `{spec.dataset.path}`: {data.examples:,} training examples, {len(data.eval_units)} held out; "
         f"{data.detection} |",
         f"| trained | {progress.step:,} optimizer steps, {progress.tokens:,} tokens "

@@ -51,3 +51,30 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     # glibc takes the threshold as a size_t: -1 is "never trim"
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, -1))
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory: the kernel's high-water mark (VmHWM), which reset_peak_rss moves
+    down to the present; ru_maxrss where /proc is not there."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 2**30
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+
+
+def reset_peak_rss() -> bool:
+    """Start the high-water mark afresh from the present (Linux `clear_refs` 5), so that the peak of the
+    training steps is not that of loading: under FSDP2 each rank builds the whole model before its shard is
+    kept. False where the kernel does not offer it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        return False
+    return True

@@ -14,13 +14,20 @@ The preemption flag is checked before every micro-batch and inside evaluation. W
 progress is abandoned (its gradients are dropped; weights and optimizer are as the last step left them), a
 checkpoint of that state — with the generators as they were when the step began — is written, and the loop
 returns "preempted". The resumed run redoes that step identically.
+
+With several processes (distributed.py) the loop is the same on every rank: a step's micro-batches are
+those of the global batch (micro_batch × grad_accum × ranks), dealt to the ranks in turn (batches.rank_passes),
+the loss of each divided by the trained tokens of the whole global step and multiplied by the number of ranks
+(DDP and FSDP2 average gradients over ranks; this makes the average the sum a single process would take). The
+flag is checked collectively, so a signal on any rank stops every rank at the same micro-batch, and they save
+together: each rank writes its own files, rank 0 the manifest, last. Only rank 0 writes metrics and reports.
+A rank lost mid-step (killed, its machine gone) fails the next collective on the others, which stop without a
+new checkpoint (`Outcome.lost`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,14 +38,17 @@ from typing import Any, Protocol
 import torch
 
 from tunecast.config.spec import RunSpec
+from tunecast.data.packing import IGNORE_INDEX
 from tunecast.plan.cost import young_daly_interval
-from tunecast.train.batches import Batch, TrainData, collate, eval_batches, micro_batches
+from tunecast.train.batches import Batch, TrainData, Unit, collate, eval_batches, micro_batches, rank_passes
+from tunecast.train.distributed import Engine, PeerLost
+from tunecast.train.host_memory import peak_rss_gib
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.optim import TrainOptimizer, lr_factor
 from tunecast.train.signals import Preempted, PreemptionFlag
-from tunecast.train.state import Progress, capture_rng, checkpoint_files
+from tunecast.train.state import LAYOUT, Progress, capture_rng, checkpoint_files
 from tunecast.train.step import forward_backward, forward_loss
-from tunecast.train.store import CheckpointStore, RunLock
+from tunecast.train.store import MANIFEST, CheckpointStore, write_files, write_manifest
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
 
@@ -106,14 +116,14 @@ class Session:
     model: Any
     optimizer: TrainOptimizer
     scaler: Any  # torch GradScaler for fp16-mixed, else None
-    accelerator: Any
+    engine: Engine
     data: TrainData
     micro_batch: int
     grad_accum: int
     total_steps: int
     warmup_steps: int
     store: CheckpointStore
-    lock: RunLock
+    lock: Any  # the RunLock on rank 0; a stand-in whose refresh does nothing on the others
     metrics: MetricsLog
     progress: Progress
     policy: CheckpointPolicy
@@ -143,6 +153,7 @@ class Outcome:
     progress: Progress
     signal: str | None = None
     checkpoint_step: int | None = None
+    lost: str | None = None  # another rank was lost: what the failed collective said (nothing new saved)
 
 
 def elapsed_s(session: Session) -> float:
@@ -153,32 +164,45 @@ def _peak_memory(device: torch.device) -> dict[str, float]:
     if device.type == "cuda":
         return {"peak_allocated_gib": torch.cuda.max_memory_allocated(device) / BYTES_PER_GIB,
                 "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / BYTES_PER_GIB}
-    return {"peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / BYTES_PER_GIB}
+    return {"peak_rss_gib": peak_rss_gib()}
 
 
 def save_checkpoint(session: Session, reason: str) -> float:
     """Write the checkpoint of the current step boundary (skipped when a valid one of this step exists);
-    returns the seconds it took. Old checkpoints beyond `checkpoint.keep` are pruned after it."""
-    progress = session.progress
-    store = session.store
-    if progress.step in store.steps() and store.is_valid(progress.step):
+    returns the seconds it took. Old checkpoints beyond `checkpoint.keep` are pruned after it. Every rank
+    calls it: each writes its own files, then rank 0 the manifest."""
+    progress, store, engine = session.progress, session.store, session.engine
+    main = engine.world.main
+    if engine.broadcast(main and progress.step in store.steps() and store.is_valid(progress.step)):
         return 0.0
     started = time.monotonic()
     progress.elapsed_s = elapsed_s(session)
     progress.cost_usd = progress.elapsed_s / SECONDS_PER_HOUR * session.usd_per_hour
-    session.metrics.write({"kind": "event", "event": "checkpoint", "step": progress.step, "reason": reason,
-                           "elapsed_s": round(progress.elapsed_s, 3)})
-    progress.metrics_bytes = session.metrics.sync()
+    folder = store.folder(progress.step)
+    if main:
+        session.metrics.write({"kind": "event", "event": "checkpoint", "step": progress.step, "reason": reason,
+                               "elapsed_s": round(progress.elapsed_s, 3)})
+        progress.metrics_bytes = session.metrics.sync()
+        store.storage.remove(folder, MANIFEST)  # a set being rewritten stops being one before any file changes
+    engine.barrier()
     with tempfile.TemporaryDirectory(prefix="tunecast-checkpoint-") as scratch:
-        files = checkpoint_files(Path(scratch), model=session.model, optimizer=session.optimizer,
+        files = checkpoint_files(Path(scratch), rank=engine.world.rank, model=session.model,
+                                 optimizer=session.optimizer,
                                  schedule={"name": session.spec.schedule, "step": progress.step,
                                            "warmup_steps": session.warmup_steps, "total_steps": session.total_steps},
                                  scaler=session.scaler, rng=session.rng_at_boundary, progress=progress,
                                  config_yaml=session.config_yaml)
-        size = sum(v.stat().st_size if isinstance(v, Path) else len(v) for v in files.values())
-        store.save(progress.step, files, session.manifest_meta)
-    store.prune(session.spec.checkpoint.keep, newest=progress.step)
-    session.lock.refresh()
+        listed = write_files(store.storage, folder, files)
+    listings = engine.gather(listed)
+    size = sum(entry["bytes"] for one in listings for entry in one.values())
+    if main:
+        merged = {name: entry for one in listings for name, entry in one.items()}
+        write_manifest(store.storage, folder, merged,
+                       {"step": progress.step, **session.manifest_meta, "layout": LAYOUT,
+                        "world_size": engine.world.size, "optimizer_state": progress.step > 0})
+        store.prune(session.spec.checkpoint.keep, newest=progress.step)
+        session.lock.refresh()
+    engine.barrier()  # every rank leaves once the checkpoint exists
     seconds = time.monotonic() - started
     session.policy.saved(seconds)
     session.reporter.event("checkpoint", f"checkpoint at step {progress.step} ({reason}, "
@@ -186,25 +210,39 @@ def save_checkpoint(session: Session, reason: str) -> float:
     return seconds
 
 
+def step_counts(micro: list[list[Unit]]) -> tuple[int, int, int]:
+    """(real tokens, tokens computed with padding, tokens in the loss) of a step's micro-batches, from the units
+    alone: every rank knows the whole global step."""
+    tokens = sum(len(unit.input_ids) for chunk in micro for unit in chunk)
+    padded = sum(len(chunk) * max(len(unit.input_ids) for unit in chunk) for chunk in micro)
+    trained = sum(sum(1 for label in unit.labels[1:] if label != IGNORE_INDEX) for chunk in micro for unit in chunk)
+    return tokens, padded, trained
+
+
 def evaluate(session: Session) -> float:
-    """Mean loss per trained token over the held-out examples (no gradients, no random draws)."""
-    model, spec = session.model, session.spec
+    """Mean loss per trained token over the held-out examples (no gradients, no random draws), each rank
+    evaluating its share."""
+    model, spec, engine = session.model, session.spec, session.engine
     model.eval()
     total = torch.zeros((), dtype=torch.float64)
     tokens = 0
     one = torch.ones((), device=session.device)
+    stand_in = session.data.eval_units[:1]
     try:
-        for units in eval_batches(session.data, session.micro_batch):
-            session.flag.check()
-            batch = collate(units, session.data.pad_id).to(session.device)
+        for units in eval_batches(session.data, session.micro_batch, rank=engine.world.rank,
+                                  world=engine.world.size):
+            engine.check(session.flag)
+            batch = collate(units or stand_in, session.data.pad_id).to(session.device)
             summed = forward_loss(model, batch.input_ids, batch.labels, precision=spec.precision,
                                   chunked_loss=spec.loss == "chunked", attention_mask=batch.attention_mask,
                                   position_ids=batch.position_ids, num_items=one)
-            total += summed.double().cpu()
-            tokens += batch.trained_tokens
+            if units is not None:
+                total += summed.double().cpu()
+                tokens += batch.trained_tokens
     finally:
         model.train()
-    return float(total) / max(1, tokens)
+    summed_total, summed_tokens = engine.reduce_sum([float(total), float(tokens)])
+    return summed_total / max(1.0, summed_tokens)
 
 
 def _eval_due(session: Session) -> bool:
@@ -227,41 +265,55 @@ def _run_eval(session: Session) -> None:
     session.reporter.event("eval", f"step {session.progress.step}: eval loss {loss:.4f}")
 
 
-def _optimizer_step(session: Session, batches: list[Batch]) -> tuple[float, float, float]:
-    """Forward and backward over the step's micro-batches, then clip and step. Returns (loss, grad norm, the
-    time the passes ended: on CUDA each pass's loss value waits for its kernels, so what follows is the
-    clipping and optimizer step)."""
-    spec, model, accelerator = session.spec, session.model, session.accelerator
-    num_items = torch.tensor(max(1, sum(batch.trained_tokens for batch in batches)), device=session.device)
-    backward: Callable[[torch.Tensor], None] = (
-        (lambda loss: session.scaler.scale(loss).backward()) if session.scaler is not None else accelerator.backward)
+def _optimizer_step(session: Session, passes: list[Batch | None], stand_in: Batch, trained: int
+                    ) -> tuple[float, float, float]:
+    """Forward and backward over this rank's micro-batches of the step (None: a stand-in pass whose loss counts
+    for nothing), then clip and step. `trained` is the trained tokens of the whole global step. Returns (loss of
+    the step over every rank, grad norm, the time the passes ended: on CUDA each pass's loss value waits for its
+    kernels, so what follows is the clipping and optimizer step)."""
+    spec, model, engine = session.spec, session.model, session.engine
+    num_items = torch.tensor(max(1, trained), device=session.device)
+    ranks = engine.world.size
+
+    def backward_of(weight: float) -> Callable[[torch.Tensor], None]:
+        def run(loss: torch.Tensor) -> None:
+            scaled = loss * weight if weight != 1 else loss
+            (session.scaler.scale(scaled) if session.scaler is not None else scaled).backward()
+
+        return run
+
     loss = 0.0
-    for index, batch in enumerate(batches):
-        session.flag.check()
-        on_device = batch.to(session.device)
-        last = index == len(batches) - 1
-        with accelerator.no_sync(model) if not last else contextlib.nullcontext():
+    for index, batch in enumerate(passes):
+        engine.check(session.flag)
+        on_device = (batch if batch is not None else stand_in).to(session.device)
+        with engine.accumulating(model, last=index == len(passes) - 1):
             value = forward_backward(model, on_device.input_ids, on_device.labels, precision=spec.precision,
                                      chunked_loss=spec.loss == "chunked", attention_mask=on_device.attention_mask,
-                                     position_ids=on_device.position_ids, num_items=num_items, backward=backward,
+                                     position_ids=on_device.position_ids, num_items=num_items,
+                                     backward=backward_of(ranks if batch is not None else 0.0),
                                      offload_activations=spec.activation_offload and session.device.type == "cuda")
-        loss += value or 0.0
+        if batch is not None:
+            loss += value or 0.0
     passes_done = time.monotonic()
     grad_norm = float("nan")
     if not session.optimizer.in_backward:
         if session.scaler is not None:
             session.scaler.unscale_(session.optimizer.optimizers[0])
         limit = spec.max_grad_norm if spec.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(session.trainable, limit))
+        norm = torch.nn.utils.clip_grad_norm_(session.trainable, limit)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     session.optimizer.step(session.scaler)
     session.optimizer.zero_grad()
+    if ranks > 1:
+        (loss,) = engine.reduce_sum([loss])
     return loss, grad_norm, passes_done
 
 
 def train(session: Session) -> Outcome:
     """Run optimizer steps until `total_steps`, or until a preemption signal."""
-    spec, progress, data = session.spec, session.progress, session.data
-    per_step = session.micro_batch * session.grad_accum
+    spec, progress, data, engine = session.spec, session.progress, session.data, session.engine
+    world = engine.world
+    per_step = session.micro_batch * session.grad_accum * world.size
     orders: dict[int, list[int]] = {}
     try:
         while True:
@@ -270,22 +322,29 @@ def train(session: Session) -> Outcome:
                 _run_eval(session)
             if progress.step >= session.total_steps:
                 break
-            if session.checkpoints and progress.step > 0 and session.policy.due(progress.step):
+            due = session.checkpoints and progress.step > 0 and session.policy.due(progress.step)
+            # a time-based interval is read on each rank's clock: the ranks save if any says so
+            if world.distributed and session.checkpoints and progress.step > 0:
+                due = bool(engine.reduce_max([float(due)])[0])
+            if due:
                 save_checkpoint(session, "interval")
-            session.flag.check()
+            engine.check(session.flag)
 
-            # 2. this step's micro-batches, from the data position
+            # 2. this step's micro-batches (of the global batch), from the data position; this rank's share
             order = orders.setdefault(progress.epoch, data.epoch_order(spec.seed, progress.epoch))
             units = micro_batches(data, order, progress.offset, micro_batch=session.micro_batch,
-                                  grad_accum=session.grad_accum)
-            batches = [collate(chunk, data.pad_id) for chunk in units]
+                                  grad_accum=session.grad_accum * world.size)
+            mine = rank_passes(units, rank=world.rank, world=world.size)
+            passes = [collate(chunk, data.pad_id) if chunk is not None else None for chunk in mine]
+            stand_in = collate(units[0][:1], data.pad_id)
+            tokens, padded, trained = step_counts(units)
             started = time.monotonic()
 
             # 3. learning rate of this step, passes, clipping, optimizer
             lr = spec.learning_rate * lr_factor(spec.schedule, progress.step, warmup=session.warmup_steps,
                                                 total=session.total_steps)
             session.optimizer.set_lr(lr)
-            loss, grad_norm, passes_done = _optimizer_step(session, batches)
+            loss, grad_norm, passes_done = _optimizer_step(session, passes, stand_in, trained)
             if session.device.type == "cuda":
                 torch.cuda.synchronize(session.device)
             ended = time.monotonic()
@@ -293,12 +352,10 @@ def train(session: Session) -> Outcome:
 
             # 4. the position moves on; metrics; generators captured for the next step
             consumed = sum(len(chunk) for chunk in units)
-            tokens = sum(batch.tokens for batch in batches)
-            padded = sum(batch.padded_tokens for batch in batches)
             progress.step += 1
             progress.offset += consumed
             progress.tokens += tokens
-            progress.trained_tokens += sum(batch.trained_tokens for batch in batches)
+            progress.trained_tokens += trained
             if progress.offset >= len(order):
                 progress.epoch += 1
                 progress.offset = 0
@@ -309,6 +366,12 @@ def train(session: Session) -> Outcome:
                       optimizer_seconds=ended - passes_done, per_step=per_step)
             if session.stop is not None and session.stop(progress):
                 return Outcome(False, progress, None)
+    except PeerLost as lost:
+        return Outcome(False, progress, None, lost=str(lost))
+    except RuntimeError as error:
+        if not (world.distributed and lost_peer(error)):
+            raise
+        return Outcome(False, progress, None, lost=str(error).splitlines()[0])
     except Preempted as stop:
         session.optimizer.zero_grad()
         if not session.checkpoints:
@@ -316,7 +379,10 @@ def train(session: Session) -> Outcome:
         session.metrics.write({"kind": "event", "event": "preempted", "signal": stop.signal_name,
                                "step": progress.step, "elapsed_s": round(elapsed_s(session), 3)})
         session.reporter.event("preempted", f"{stop.signal_name}: saving step {progress.step} and stopping")
-        save_checkpoint(session, f"preempted by {stop.signal_name}")
+        try:
+            save_checkpoint(session, f"preempted by {stop.signal_name}")
+        except PeerLost as lost:  # a rank died while the others saved: the newest complete checkpoint stands
+            return Outcome(False, progress, stop.signal_name, lost=str(lost))
         return Outcome(False, progress, stop.signal_name, progress.step)
     if session.checkpoints:
         save_checkpoint(session, "end of training")
@@ -333,16 +399,31 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
     elapsed = elapsed_s(session)
     cost = elapsed / SECONDS_PER_HOUR * session.usd_per_hour
     eta = (session.total_steps - progress.step) * session.step_seconds
+    peaks: dict[str, Any] = dict(_peak_memory(session.device))
+    if session.engine.world.distributed:  # every rank's peak (each holds its own share)
+        ranks = session.engine.gather(peaks)
+        peaks.update({f"{key}_ranks": [one[key] for one in ranks] for key in peaks})
     record: dict[str, Any] = {
         "kind": "train", "step": progress.step,
         "epoch": progress.epoch + progress.offset / max(1, len(session.data.units)),
         "loss": loss, "learning_rate": lr, "grad_norm": grad_norm, "tokens": tokens, "padded_tokens": padded,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "padded_tokens_per_second": padded / seconds if seconds else 0.0,
-        **_peak_memory(session.device),
+        **peaks,
         "step_seconds": seconds, "optimizer_seconds": optimizer_seconds, "elapsed_s": elapsed, "cost_usd": cost,
     }
     if progress.step % session.spec.log_every_steps == 0 or progress.step == session.total_steps:
         session.metrics.write(record)
     session.reporter.step(record, session.total_steps, eta,
                           cost + eta / SECONDS_PER_HOUR * session.usd_per_hour)
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether an error raised inside a collective of DDP, FSDP2 or the checkpoint says another rank is gone."""
+    import torch.distributed as dist
+
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return any(mark in text for mark in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL",
+                                         "Broken pipe", "timed out", "Timed out"))

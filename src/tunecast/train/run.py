@@ -14,6 +14,7 @@ Order of work, each step checking the preemption flag so a signal during set-up 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -29,9 +30,9 @@ import yaml
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec, flatten
 from tunecast.config.spec import RunSpec
-from tunecast.errors import Problem, TunecastError
+from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.train.signals import PreemptionFlag
-from tunecast.train.store import LOCK, CheckpointStore, Storage, locked, read_set
+from tunecast.train.store import LOCK, CheckpointStore, Loaded, Storage, locked, read_set
 
 FINAL = "final"
 BASE = "base"
@@ -70,12 +71,16 @@ class TrainResult:
     cost_usd: float = 0.0
     tokens_per_second: float = 0.0  # real tokens over the seconds of the steps this process ran
     warnings: list[Problem] = field(default_factory=list)
+    rank: int = 0
+    world_size: int = 1
+    lost: str | None = None  # another rank was lost: what the failed collective said (nothing new saved)
 
     def as_dict(self) -> dict[str, Any]:
         return {"output": self.output, "finished": self.finished, "already_complete": self.already_complete,
                 "steps": self.steps, "total_steps": self.total_steps, "preempted_by": self.signal,
                 "resumed_from_step": self.resumed_from, "final": self.final, "elapsed_s": round(self.elapsed_s, 3),
                 "cost_usd": round(self.cost_usd, 4), "tokens_per_second": round(self.tokens_per_second, 2),
+                "processes": self.world_size, "lost_rank": self.lost,
                 "warnings": [w.as_dict() for w in self.warnings]}
 
 
@@ -115,52 +120,103 @@ def final_complete(storage: Storage) -> bool:
     return True
 
 
+class _NoLock:
+    """The run's lock as ranks other than 0 hold it: rank 0 holds the real one."""
+
+    took_over: str | None = None
+
+    def refresh(self, *, force: bool = False) -> None:
+        pass
+
+
 def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
                  reporter: Any) -> TrainResult:
-    """Train `loaded` to the end or to a preemption. Raises TunecastError for what the user must fix."""
-    spec = loaded.spec
-    url = output_url(spec)
-    storage = Storage(url)
-    result = TrainResult(output=url, finished=False)
+    """Train `loaded` to the end or to a preemption, on this process or as one rank of several (started by
+    torchrun, accelerate launch or `tunecast train --gpus N`). Raises TunecastError for what the user must fix."""
+    from tunecast.train.distributed import Engine, PeerLost, world_from_env
+
+    world = world_from_env()
+    result = TrainResult(output=output_url(loaded.spec), finished=False, rank=world.rank, world_size=world.size)
+    engine = Engine.start(world)
+    try:
+        return _run(loaded, catalog, request, flag, reporter, engine, result)
+    except PeerLost as lost:  # another rank stopped during set-up
+        result.lost = str(lost)
+        return result
+    finally:
+        engine.close()
+
+
+def _open_run(spec: RunSpec, storage: Storage, request: TrainRequest, reporter: Any, stack: contextlib.ExitStack,
+              result: TrainResult) -> dict[str, Any]:
+    """Rank 0's part before training: --fresh, the lock, leftovers, the newest valid checkpoint, the config policy.
+    What it found, for every rank."""
     if request.fresh and storage.exists():
         with locked(storage):  # a run still writing there stops --fresh, as it would stop a resume
             pass
         moved = move_aside(storage)
         if moved:
             reporter.event("start", f"--fresh: the earlier run moved to {moved}")
-    with locked(storage) as lock:
-        if lock.took_over:
-            reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed)")
-        leftovers = storage.remove_temporaries()
-        if leftovers:
-            reporter.event("start", f"removed {len(leftovers)} half-written file(s) a killed run left")
-        store = CheckpointStore(storage)
-        found, skipped = store.newest_valid()
-        for bad in skipped:
-            result.warnings.append(Problem(f"checkpoints/{bad.name}", f"skipped: {bad.reason}",
-                                           "it was left by an interrupted or damaged write; the newest complete "
-                                           "checkpoint is used instead", severity="warning"))
-        requested = spec.model_dump(mode="json")
-        resolved_then: dict[str, Any] | None = None
-        if found is not None:
-            resolved_then = _check_config(found.manifest, requested, result)
-            # final/ is written only after the last step's checkpoint: complete, it means the run is done
-            if final_complete(storage):
-                result.finished = result.already_complete = True
-                result.steps = result.total_steps = found.step
-                result.final = storage.url_of(FINAL)
-                return result
+    lock = stack.enter_context(locked(storage))
+    if lock.took_over:
+        reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed)")
+    leftovers = storage.remove_temporaries()
+    if leftovers:
+        reporter.event("start", f"removed {len(leftovers)} half-written file(s) a killed run left")
+    found, skipped = CheckpointStore(storage).newest_valid(keep=False)
+    for bad in skipped:
+        result.warnings.append(Problem(f"checkpoints/{bad.name}", f"skipped: {bad.reason}",
+                                       "it was left by an interrupted or damaged write; the newest complete "
+                                       "checkpoint is used instead", severity="warning"))
+    opened: dict[str, Any] = {"lock": lock, "found": None, "resolved_then": None, "complete": False}
+    if found is not None:
+        opened["found"] = (found.step, found.manifest)
+        opened["resolved_then"] = _check_config(found.manifest, spec.model_dump(mode="json"), result)
+        # final/ is written only after the last step's checkpoint: complete, it means the run is done
+        opened["complete"] = final_complete(storage)
+    return opened
+
+
+def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag, reporter: Any,
+         engine: Any, result: TrainResult) -> TrainResult:
+    spec = loaded.spec
+    storage = Storage(result.output)
+    with contextlib.ExitStack() as stack:
+        opened: dict[str, Any] | None = None
+        failure: tuple[str, str | None, str | None] | None = None
+        if engine.world.main:
+            try:
+                opened = _open_run(spec, storage, request, reporter, stack, result)
+            except TunecastError as error:
+                if not engine.world.distributed:
+                    raise
+                engine.broadcast({"failure": (error.message, error.field, error.hint)})
+                raise
+        shared = engine.broadcast(None if opened is None else {k: v for k, v in opened.items() if k != "lock"}
+                                  | {"failure": failure})
+        if shared.get("failure"):
+            message, field_name, hint = shared["failure"]
+            raise SharedError(message, field=field_name, hint=hint)
+        lock = opened["lock"] if opened is not None else _NoLock()
+        found = Loaded(shared["found"][0], shared["found"][1], {}) if shared["found"] is not None else None
+        if found is not None and shared["complete"]:
+            result.finished = result.already_complete = True
+            result.steps = result.total_steps = found.step
+            result.final = storage.url_of(FINAL)
+            return result
         from tunecast.train.session import build_session
         from tunecast.train.signals import Preempted
 
+        store = CheckpointStore(storage)
         try:
             session = build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store,
-                                    lock=lock, found=found, resolved_then=resolved_then, result=result)
+                                    lock=lock, found=found, resolved_then=shared["resolved_then"], result=result,
+                                    engine=engine)
         except Preempted as stop:  # before the first step: the checkpoint resumed from (if any) stays as it is
             result.signal = stop.signal_name
             result.steps = found.step if found is not None else 0
             return result
-        found = None  # its files are restored: do not hold them in memory for the whole run
+        found = None
         from tunecast.train.loop import train
 
         outcome = train(session)
@@ -172,6 +228,9 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
             result.tokens_per_second = session.trained_tokens / session.trained_seconds
         if not outcome.finished:
             result.signal = outcome.signal
+            result.lost = outcome.lost
+            if outcome.lost is not None:
+                result.steps = _newest(store, engine)
             session.metrics.close()
             return result
         from tunecast.train.final import write_final
@@ -186,6 +245,14 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
         result.finished = True
         result.final = storage.url_of(FINAL)
         return result
+
+
+def _newest(store: CheckpointStore, engine: Any) -> int:
+    """The step a run that lost a rank resumes from (read by rank 0 alone; the others say 0)."""
+    if not engine.world.main:
+        return 0
+    found, _ = store.newest_valid(keep=False)
+    return found.step if found is not None else 0
 
 
 def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: TrainResult) -> dict[str, Any]:

@@ -1,7 +1,14 @@
-"""Set up everything one process's run needs (run.py decides whether it is fresh or resumed)."""
+"""Set up everything one process's run needs (run.py decides whether it is fresh or resumed).
+
+With several processes every rank runs this: each reads and tokenizes the data (the order of an epoch is a
+function of the seed, so every rank knows every step), builds the same model from the same seed, and wraps
+it as `gpus.strategy` says (distributed.py). Rank 0 alone chooses the batch shape (the others receive it),
+saves random base weights and writes the run's config and metrics.
+"""
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
@@ -10,11 +17,12 @@ import torch
 
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.errors import Problem, TunecastError
+from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.estimate.settings import TraceSettings
 from tunecast.train.batches import load_train_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
-from tunecast.train.host_memory import keep_freed_memory
+from tunecast.train.distributed import STRATEGY_NAMES, Engine, world_from_env
+from tunecast.train.host_memory import keep_freed_memory, reset_peak_rss
 from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
@@ -36,16 +44,14 @@ from tunecast.train.run import (
     total_steps,
     write_config,
 )
-from tunecast.train.setup import prepare_for_training
+from tunecast.train.setup import decoder_layers, prepare_for_training
 from tunecast.train.signals import PreemptionFlag
-from tunecast.train.state import Progress, restore
-from tunecast.train.store import MANIFEST, CheckpointStore, Loaded, RunLock, Storage
+from tunecast.train.state import LAYOUT, STATE, TRAINABLE, Progress, restore, restore_legacy, seed_ranks
+from tunecast.train.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder
 
 
 def resident_gib() -> float:
     """This process's resident memory now (the CPU memory estimate counts growth above it)."""
-    import os
-
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
@@ -56,13 +62,86 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def local_device(catalog: Catalog) -> Device:
+def local_device(catalog: Catalog, ranks_here: int = 1) -> Device:
+    """The device this rank trains on; on the CPU, ranks on one machine share its memory."""
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         short = name.removeprefix("NVIDIA ").removeprefix("GeForce ").strip()
         gpu = catalog.gpus.find(short) or catalog.gpus.find(short.replace(" ", "-"))
         return Device("cuda", name, free_memory_gib("cuda"), gpu)
-    return Device("cpu", "the CPU", free_memory_gib("cpu"), None)
+    return Device("cpu", "the CPU", free_memory_gib("cpu") / ranks_here, None)
+
+
+class QuietReporter:
+    """What ranks other than 0 report: nothing (rank 0 speaks for the run)."""
+
+    def event(self, kind: str, message: str) -> None:
+        pass
+
+    def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None:
+        pass
+
+
+class NoMetrics:
+    """metrics.jsonl as ranks other than 0 see it: rank 0 writes it."""
+
+    size = 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def sync(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+def _check_distributed(spec: Any, engine: Engine) -> None:
+    """What a run on several processes cannot do (yet), said before anything loads (by rank 0: every rank finds
+    the same, the others only exit with its status)."""
+    if not engine.world.distributed:
+        return
+    found: tuple[str, str, str] | None = None
+    if spec.loss == "chunked":
+        found = ("loss: chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to see",
+                 "loss", "use loss: standard with several GPUs, or train on one")
+    elif spec.method == "qlora" and spec.gpus.strategy != "ddp":
+        found = (f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_NAMES[spec.gpus.strategy]}",
+                 "gpus.strategy", "use gpus.strategy: ddp for QLoRA (each GPU holds the 4-bit base), or method: "
+                                  "lora with fsdp")
+    elif spec.optimizer_in_backward:
+        found = ("optimizer_in_backward steps each parameter inside the backward pass, before its gradient is "
+                 "averaged over the ranks", "optimizer_in_backward",
+                 "set optimizer_in_backward: false with several GPUs")
+    elif spec.global_batch is not None and spec.global_batch % engine.world.size:
+        found = (f"global_batch {spec.global_batch} does not divide over {engine.world.size} processes",
+                 "global_batch", f"use a multiple of {engine.world.size}")
+    if found is not None:
+        message, field_name, hint = found
+        raise (TunecastError if engine.world.main else SharedError)(message, field=field_name, hint=hint)
+
+
+def _decided(engine: Engine, decide: Any) -> Any:
+    """`decide()` on rank 0, its value (or its user error) on every rank."""
+    if not engine.world.distributed:
+        return decide()
+    outcome: tuple[str, Any] | None = None
+    failure: TunecastError | None = None
+    if engine.world.main:
+        try:
+            outcome = ("value", decide())
+        except TunecastError as error:
+            failure = error
+            outcome = ("error", (error.message, error.field, error.hint))
+    outcome = engine.broadcast(outcome)
+    assert outcome is not None
+    if failure is not None:
+        raise failure
+    if outcome[0] == "error":
+        message, field_name, hint = outcome[1]
+        raise SharedError(message, field=field_name, hint=hint)
+    return outcome[1]
 
 
 def _price(spec: Any, device: Device, catalog: Catalog) -> tuple[float, str]:
@@ -78,9 +157,17 @@ def _price(spec: Any, device: Device, catalog: Catalog) -> tuple[float, str]:
 
 
 def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag, reporter: Any,
-                  *, storage: Storage, store: CheckpointStore, lock: RunLock, found: Loaded | None,
-                  resolved_then: dict[str, Any] | None, result: TrainResult) -> Session:
+                  *, storage: Storage, store: CheckpointStore, lock: Any, found: Loaded | None,
+                  resolved_then: dict[str, Any] | None, result: TrainResult, engine: Engine | None = None) -> Session:
     spec, resolved_model = loaded.spec, loaded.model
+    engine = engine or Engine.start(world_from_env())
+    world = engine.world
+    if world.distributed and spec.gpus.count != world.size:
+        spec = spec.with_changes({"gpus.count": world.size})  # the estimate and the batch are per rank of this world
+    _check_distributed(spec, engine)
+    main = world.main
+    if not main:
+        reporter = QuietReporter()
     flag.check()
     if spec.dataset.path is None:
         raise TunecastError("training needs a dataset file", field="dataset.path",
@@ -99,23 +186,28 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                                        "raise seq_len if their responses matter", severity="warning"))
     flag.check()
 
-    from accelerate import Accelerator
-
-    device = local_device(catalog)
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world.size if world.distributed else 1))
+    device = local_device(catalog, ranks_here)
     keeps_freed_memory = device.kind == "cpu" and keep_freed_memory()
-    accelerator = Accelerator(cpu=device.kind == "cpu", mixed_precision="no")
     fixed = spec
     if resolved_then:
-        fixed = spec.with_changes({key: resolved_then[key] for key in RESOLVED if key in resolved_then}
-                                  | {"global_batch": None})
-    choice: BatchChoice = choose_batch(fixed, resolved_model.data, device, catalog, check_memory=request.check_memory)
+        fixed = _resumed_shape(spec, resolved_then, world.size)
+    choice: BatchChoice = _decided(engine, lambda: choose_batch(fixed, resolved_model.data, device, catalog,
+                                                                check_memory=request.check_memory))
     checkpointing = "on" if choice.grad_checkpointing else "off"
-    reporter.event("start", f"micro_batch {choice.micro_batch} × grad_accum {choice.grad_accum}, gradient "
+    processes = "process" if world.size == 1 else "processes"
+    across = f" × {world.size} {processes} ({STRATEGY_NAMES[spec.gpus.strategy]})" if world.distributed else ""
+    reporter.event("start", f"micro_batch {choice.micro_batch} × grad_accum {choice.grad_accum}{across}, gradient "
                             f"checkpointing {checkpointing}: " + "; ".join(choice.reasons))
-    if spec.gpus.count > 1:
+    if world.distributed and spec.gpus.offload != "none" and device.kind != "cuda" and main:
+        result.warnings.append(Problem("gpus.offload", f"is {spec.gpus.offload}, but this run is on the CPU already",
+                                       "nothing is offloaded; the setting applies on GPUs", severity="warning"))
+    if spec.gpus.count > 1 and not world.distributed:
         result.warnings.append(Problem("gpus.count", f"is {spec.gpus.count}, but this process trains on one device",
-                                       "the global batch is kept by gradient accumulation", severity="warning"))
-    per_step = choice.micro_batch * choice.grad_accum
+                                       "the global batch is kept by gradient accumulation; pass --gpus "
+                                       f"{spec.gpus.count} to train on {spec.gpus.count} processes",
+                                       severity="warning"))
+    per_step = choice.micro_batch * choice.grad_accum * world.size
     steps, per_epoch = total_steps(spec, len(data.units), per_step)
     warmup = warmup_steps(spec, steps)
 
@@ -123,34 +215,38 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     flag.check()
     rss_before_model = resident_gib()
     base = load_base(spec, resolved_model, allow_download=request.allow_download)
-    if base.random and not request.measuring and not storage.exists(BASE_SAVED, MANIFEST):
+    if main and base.random and not request.measuring and not storage.exists(BASE_SAVED, MANIFEST):
         save_base(base.model, counter, storage)
     flag.check()
     model = base.model
     if spec.method == "qlora":
-        model = quantize_for_qlora(model, spec, accelerator.device)
+        model = quantize_for_qlora(model, spec, engine.device)
     if spec.precision == "fp8":
-        model = enable_float8(model.to(accelerator.device), accelerator.device)
+        model = enable_float8(model.to(engine.device), engine.device)
     settings = TraceSettings.from_spec(spec, grad_checkpointing=choice.grad_checkpointing)
     model = prepare_for_training(model, settings)
-    model = accelerator.prepare_model(model, device_placement=spec.method != "qlora")
+    if spec.method != "qlora" and not (world.distributed and spec.gpus.strategy != "ddp"):
+        model = model.to(engine.device)  # FSDP2 moves each shard to the device itself, layer by layer
+    model = engine.wrap(model, strategy=spec.gpus.strategy, offload=spec.gpus.offload, layers=decoder_layers(model))
+    if engine.sharded and device.kind == "cpu":
+        reset_peak_rss()  # the whole model each rank built before sharding is not the training steps' peak
+    if world.distributed:
+        seed_ranks(spec.seed, world.rank, 0)  # dropout masks of their own on every rank
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = TrainOptimizer(spec, trainable)
     if spec.optimizer_in_backward and spec.max_grad_norm > 0:
         result.warnings.append(Problem("max_grad_norm", "does not apply with optimizer_in_backward: each parameter "
                                        "steps before the others' gradients exist", "set max_grad_norm: 0 to say so",
                                        severity="warning"))
-    scaler = torch.amp.GradScaler(accelerator.device.type) if spec.precision == "fp16-mixed" else None
+    scaler = _grad_scaler(spec, engine)
 
     progress = Progress()
     if found is not None:
-        try:
-            progress = restore(found.files, model=model, optimizer=optimizer, scaler=scaler)
-        except (ValueError, KeyError, RuntimeError) as error:
-            raise TunecastError(f"checkpoint step {found.step} does not fit this run: {error}", field="output",
-                                hint="pass --fresh to start over (the old run is moved aside)") from None
+        progress = _restore(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
+                            result=result)
         result.resumed_from = found.step
-    metrics = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None)
+    metrics: Any = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None) if main \
+        else NoMetrics()
 
     usd_per_hour, price_note = _price(spec, device, catalog)
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
@@ -160,11 +256,13 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         # weights and two optimizer states, at the catalog's object-storage write speed, until one is measured
         estimated_write_s=3 * trainable_bytes / (catalog.throughput.get("checkpoint_write_mib_per_s") * 2**20))
 
-    requested = spec.model_dump(mode="json")
+    requested = loaded.spec.model_dump(mode="json")
     resolved = {"micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
-                "grad_checkpointing": choice.grad_checkpointing}
-    document = {**requested, **resolved, "global_batch": None}
-    config_yaml = write_config(storage, document)
+                "grad_checkpointing": choice.grad_checkpointing, "world_size": world.size}
+    document = {**requested, **{k: v for k, v in resolved.items() if k != "world_size"}, "global_batch": None}
+    if world.distributed:
+        document["gpus"] = {**document["gpus"], "count": world.size}
+    config_yaml = write_config(storage, document) if main else ""
     meta = {"requested": requested, "resolved": resolved, "config_sha256": config_hash(document),
             "total_steps": steps}
     reporter.event("start", f"model: {base.origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
@@ -179,13 +277,68 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
              "total_steps": steps, "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
              "grad_checkpointing": choice.grad_checkpointing, "device": device.name, "usd_per_hour": usd_per_hour,
              "checkpoint_policy": policy.describe(), "rss_before_model_gib": rss_before_model,
+             **({"rss_before_model_gib_ranks": engine.gather(rss_before_model)} if world.distributed else {}),
              "keeps_freed_memory": keeps_freed_memory}
     metrics.write(event)
     if found is not None:
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {steps}")
-    return Session(spec=spec, model=model, optimizer=optimizer, scaler=scaler, accelerator=accelerator, data=data,
+    return Session(spec=spec, model=model, optimizer=optimizer, scaler=scaler, engine=engine, data=data,
                    micro_batch=choice.micro_batch, grad_accum=choice.grad_accum, total_steps=steps,
                    warmup_steps=warmup, store=store, lock=lock, metrics=metrics, progress=progress, policy=policy,
                    usd_per_hour=usd_per_hour, config_yaml=config_yaml, manifest_meta=meta, flag=flag,
                    reporter=reporter, started=request.started, elapsed_before_s=progress.elapsed_s,
-                   device=accelerator.device, trainable=trainable, tokenizer=counter)
+                   device=engine.device, trainable=trainable, tokenizer=counter)
+
+
+def _grad_scaler(spec: Any, engine: Engine) -> Any:
+    """fp16's loss scaler; sharded gradients need FSDP's own, which agrees on overflow over every rank."""
+    if spec.precision != "fp16-mixed":
+        return None
+    if engine.sharded:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(engine.device.type)
+    return torch.amp.GradScaler(engine.device.type)
+
+
+def _resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) -> Any:
+    """The spec with the batch shape the run started with. On another number of processes the global batch
+    is kept: the micro-batch stays, gradient accumulation absorbs the change."""
+    fixed = {key: resolved_then[key] for key in RESOLVED if key in resolved_then}
+    then_world = int(resolved_then.get("world_size", 1))
+    if then_world != world_size and "micro_batch" in fixed and "grad_accum" in fixed:
+        global_batch = fixed["micro_batch"] * fixed["grad_accum"] * then_world
+        if global_batch % (fixed["micro_batch"] * world_size):
+            raise TunecastError(f"the run's global batch of {global_batch} sequences (micro-batch "
+                                f"{fixed['micro_batch']} on {then_world} processes) does not divide over "
+                                f"{world_size} processes at micro-batch {fixed['micro_batch']}", field="gpus.count",
+                                hint=f"resume on {then_world} processes, or on a number that divides "
+                                     f"{global_batch // fixed['micro_batch']}")
+        fixed["grad_accum"] = global_batch // (fixed["micro_batch"] * world_size)
+    return spec.with_changes(fixed | {"global_batch": None})
+
+
+def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
+             scaler: Any, result: TrainResult) -> Progress:
+    """This rank's state from checkpoint `found` (verified by rank 0)."""
+    storage, folder, manifest = store.storage, store.folder(found.step), found.manifest
+    try:
+        if manifest.get("layout") != LAYOUT:
+            if engine.world.distributed or TRAINABLE not in manifest.get("files", {}):
+                raise TunecastError(f"checkpoint step {found.step} is in the one-process layout of an earlier "
+                                    "tunecast", field="gpus.count", hint="resume it on one process (--gpus 1)")
+            _, files = store.load(found.step)
+            return restore_legacy(files, model=model, optimizer=optimizer, scaler=scaler)
+        with local_folder(storage, folder, manifest, STATE) as state_folder:
+            restored = restore(lambda name: storage.read(folder, name), state_folder, manifest,
+                               rank=engine.world.rank, world_size=engine.world.size, model=model,
+                               optimizer=optimizer, scaler=scaler, seed=spec.seed)
+    except (ValueError, KeyError, RuntimeError, InvalidSet) as error:
+        raise TunecastError(f"checkpoint step {found.step} does not fit this run: {str(error).splitlines()[0]}",
+                            field="output", hint="pass --fresh to start over (the old run is moved aside)") from None
+    if not restored.rng_restored and engine.world.main:
+        result.warnings.append(Problem("gpus.count", f"checkpoint step {found.step} was written by "
+                                       f"{manifest.get('world_size', 1)} process(es), this run has {engine.world.size}",
+                                       "it resumes with the same weights, optimizer and data position; random draws "
+                                       "(dropout) differ from an uninterrupted run", severity="warning"))
+    return restored.progress

@@ -21,6 +21,7 @@ the same run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -184,10 +185,20 @@ def _write_durably(target: str, fill: Callable[[BinaryIO], object]) -> None:
     _fsync_folder(folder)
 
 
+# errno values of a filesystem that has no such operation (FUSE mounts of buckets: goofys, gcsfuse, rclone)
+UNSUPPORTED = (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP)
+
+
 def _fsync_folder(folder: str) -> None:
+    """Make a rename in `folder` durable; a filesystem that cannot sync folders (a bucket mounted with FUSE)
+    makes each file durable when it is closed, so there is nothing more to do there."""
     descriptor = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(descriptor)
+        try:
+            os.fsync(descriptor)
+        except OSError as error:
+            if error.errno not in UNSUPPORTED:
+                raise
     finally:
         os.close(descriptor)
 
@@ -211,6 +222,11 @@ def write_set(storage: Storage, folder: str, files: Mapping[str, bytes | Path], 
     set exists once the manifest does. An older manifest in the folder (a set being rewritten) is removed
     before any file changes."""
     storage.remove(folder, MANIFEST)
+    write_manifest(storage, folder, write_files(storage, folder, files), meta)
+
+
+def write_files(storage: Storage, folder: str, files: Mapping[str, bytes | Path]) -> dict[str, dict[str, Any]]:
+    """Files of a set without its manifest (one rank's share of a checkpoint); returns their manifest entries."""
     listed: dict[str, dict[str, Any]] = {}
     for name, data in files.items():
         if isinstance(data, Path):
@@ -220,8 +236,41 @@ def write_set(storage: Storage, folder: str, files: Mapping[str, bytes | Path], 
             size, digest = len(data), sha256(data)
             storage.write(f"{folder}/{name}", data)
         listed[name] = {"bytes": size, "sha256": digest}
-    manifest = {"format": MANIFEST_FORMAT, **meta, "files": listed}
+    return listed
+
+
+def write_manifest(storage: Storage, folder: str, listed: Mapping[str, Mapping[str, Any]],
+                   meta: Mapping[str, Any]) -> None:
+    """The manifest that makes the files of `listed`, already written, a set."""
+    manifest = {"format": MANIFEST_FORMAT, **meta, "files": dict(sorted(listed.items()))}
     storage.write(f"{folder}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+
+@contextlib.contextmanager
+def local_folder(storage: Storage, folder: str, manifest: Mapping[str, Any], prefix: str) -> Iterator[Path]:
+    """The files of a verified set whose names start with `prefix`/, in a folder of this machine: the set's own
+    folder on local storage, else a temporary copy, each file checked against the manifest as it is copied."""
+    if storage.local:
+        yield Path(storage.path(folder, prefix))
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="tunecast-restore-") as scratch:
+        for name, expected in manifest["files"].items():
+            if not name.startswith(f"{prefix}/"):
+                continue
+            size, digest = _listed(name, expected)
+            target = Path(scratch) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            hasher, length = hashlib.sha256(), 0
+            with storage.fs.open(storage.path(folder, name), "rb") as source, open(target, "wb") as out:
+                while chunk := source.read(HASH_CHUNK):
+                    hasher.update(chunk)
+                    length += len(chunk)
+                    out.write(chunk)
+            if length != size or hasher.hexdigest() != digest:
+                raise InvalidSet(f"{name} changed since it was verified")
+        yield Path(scratch) / prefix
 
 
 def read_set(storage: Storage, folder: str, *, keep: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -298,16 +347,19 @@ class CheckpointStore:
     def save(self, step: int, files: Mapping[str, bytes | Path], meta: Mapping[str, Any]) -> None:
         write_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}", files, {"step": step, **meta})
 
-    def load(self, step: int) -> tuple[dict[str, Any], dict[str, bytes]]:
-        return read_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}")
+    def folder(self, step: int) -> str:
+        return f"{CHECKPOINTS}/{step_name(step)}"
 
-    def newest_valid(self) -> tuple[Loaded | None, list[Skipped]]:
+    def load(self, step: int, *, keep: bool = True) -> tuple[dict[str, Any], dict[str, bytes]]:
+        return read_set(self.storage, self.folder(step), keep=keep)
+
+    def newest_valid(self, *, keep: bool = True) -> tuple[Loaded | None, list[Skipped]]:
         """The newest checkpoint that verifies (None when none does), and the newer folders skipped on the
-        way, each with why."""
+        way, each with why. With `keep` false its files are verified but not held (Loaded.files is empty)."""
         skipped: list[Skipped] = []
         for step in self.steps():
             try:
-                manifest, files = self.load(step)
+                manifest, files = self.load(step, keep=keep)
             except InvalidSet as problem:
                 skipped.append(Skipped(step_name(step), str(problem)))
                 continue
@@ -316,7 +368,7 @@ class CheckpointStore:
 
     def is_valid(self, step: int) -> bool:
         try:
-            self.load(step)
+            self.load(step, keep=False)
         except InvalidSet:
             return False
         return True
@@ -351,6 +403,7 @@ class RunLock:
         self._handle: Any = None
         self._refreshed = 0.0
         self.took_over: str | None = None
+        self.fallback = False  # local storage that cannot flock: the lock file of object storage
 
     def acquire(self) -> None:
         if self.storage.local:
@@ -365,7 +418,12 @@ class RunLock:
         handle = open(self.storage.path(LOCK), "a+")  # noqa: SIM115 - held open for the run's lifetime
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as error:
+            if error.errno in UNSUPPORTED:  # a bucket mounted with FUSE: a lock file, as on object storage
+                handle.close()
+                self.fallback = True
+                self._acquire_remote()
+                return
             handle.seek(0)
             holder = handle.read().strip() or "another process"
             handle.close()
@@ -400,14 +458,15 @@ class RunLock:
 
     def refresh(self, *, force: bool = False) -> None:
         """Keep a remote lock fresh (cheap to call every step)."""
-        if self.storage.local or (not force and time.time() - self._refreshed < REMOTE_LOCK_REFRESH_S):
+        if (self.storage.local and not self.fallback) or (
+                not force and time.time() - self._refreshed < REMOTE_LOCK_REFRESH_S):
             return
         self._refreshed = time.time()
         document = {"host": socket.gethostname(), "pid": os.getpid(), "refreshed": self._refreshed}
         self.storage.write(LOCK, json.dumps(document).encode())
 
     def release(self) -> None:
-        if self.storage.local:
+        if self.storage.local and not self.fallback:
             if self._handle is not None:
                 # an empty lock file says the last holder left cleanly; a name in it, that it was killed
                 self._handle.truncate(0)

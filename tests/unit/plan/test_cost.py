@@ -37,7 +37,21 @@ def test_gpus_billed_by_node() -> None:
     assert billed_gpus(4, offer()) == 4  # per-GPU offers scale
     assert billed_gpus(2, offer(gpu_count=8)) == 8  # a node of 8 is rented whole
     assert billed_gpus(8, offer(gpu_count=8)) == 8
-    assert billed_gpus(16, offer(gpu_count=8)) is None  # no multi-node runs
+    assert billed_gpus(16, offer(gpu_count=8)) is None  # no network between nodes published: no multi-node run
+    assert billed_gpus(16, offer(gpu_count=8, internode_gb_per_s=400.0)) == 16  # two whole nodes
+    assert billed_gpus(12, offer(gpu_count=8, internode_gb_per_s=400.0)) is None  # nodes are rented whole
+    assert billed_gpus(16, offer()) is None  # single cards make a box of at most 8
+
+
+def test_a_preemption_of_any_node_stops_a_multi_node_run() -> None:
+    node = offer(gpu_count=8, internode_gb_per_s=400.0, spot_usd_per_hour=1.0)
+    one = price_run(shape(gpu_count=8, checkpoint_write_hours=0.01), node, spot=True, default_interruptions_per_hour=0.5, today=TODAY)
+    two = price_run(shape(gpu_count=16, checkpoint_write_hours=0.01), node, spot=True, default_interruptions_per_hour=0.5, today=TODAY)
+    assert one is not None and two is not None
+    # twice the rate, and checkpoints twice as often by Young/Daly (which add their writes to the hours at risk)
+    assert 2 * one.expected_preemptions <= two.expected_preemptions < 2.1 * one.expected_preemptions
+    assert two.usd_per_hour_total == pytest.approx(2 * one.usd_per_hour_total)
+    assert any("2 nodes" in note for note in two.notes)
 
 
 def test_on_demand_compute_and_storage() -> None:

@@ -331,3 +331,32 @@ def test_a_profile_traced_at_one_shape_is_not_used_at_another(tmp_path, monkeypa
     assert padded < spec.seq_len
     assert asked == [(2, spec.seq_len, False), (2, padded, True)]
     assert configured.step.tokens_per_step == 2 * padded * 4
+
+
+def test_several_nodes_are_planned_where_the_network_between_them_is_published(tmp_path) -> None:
+    """16 and 32 GPUs are nodes of 8, planned on the offers that publish their inter-node network and slower over
+    a slower one; each option names its engine, launcher and nodes."""
+    node = {"gpu_count": 8, "spot_usd_per_hour": 1.0}
+    catalog = tiny_catalog([offer("h100-sxm", 2.0, **node, provider="fast-net", internode_gb_per_s=400.0),
+                            offer("h100-sxm", 1.9, **node, provider="slow-net", internode_gb_per_s=12.5),
+                            offer("h100-sxm", 1.5, **node, provider="no-net")], slugs=("h100-sxm",))
+    document = plan(tmp_path, catalog, model_config=WIDE, method="full", global_batch=32)
+    many = [o for o in document["options"] if o["gpu_count"] > 8]
+    assert {o["gpu_count"] for o in many} == {16, 32}
+    assert {o["provider"] for o in many} == {"fast-net", "slow-net"}
+    for option in many:
+        assert option["nodes"] == option["gpu_count"] // 8 and option["engine"] == "DDP"
+        assert option["launcher"].startswith(f"tunecast export skypilot --gpus {option['gpu_count']} --nodes")
+        if option["spot"]:
+            assert any(f"{option['nodes']} nodes: preempted" in note for note in option["notes"])
+
+    def speed(provider: str, count: int) -> float:
+        return next(o["tokens_per_second"] for o in many if o["provider"] == provider and o["gpu_count"] == count)
+
+    assert speed("slow-net", 16) < speed("fast-net", 16)
+    one_node = [o for o in document["options"] if o["gpu_count"] <= 8]
+    assert {o["provider"] for o in one_node} == {"fast-net", "slow-net", "no-net"}
+    eight = next(o for o in one_node if o["gpu_count"] == 8)
+    assert eight["launcher"].startswith("tunecast train --gpus 8") and eight["nodes"] == 1
+    single = plan(tmp_path, catalog, model_config=WIDE, method="full", global_batch=32, gpus={"count": 1})
+    assert {o["launcher"] for o in single["options"]} == {"tunecast train"}

@@ -473,3 +473,42 @@ def test_half_written_files_of_a_killed_writer_are_removed(tmp_path: Path) -> No
     assert not left.exists()
     loaded, _ = CheckpointStore(storage).newest_valid()
     assert loaded is not None and loaded.step == 1
+
+
+# --- a bucket mounted with FUSE (goofys, gcsfuse): no flock, no fsync of folders -----------------------------
+
+def _unsupported(*args: Any, **kwargs: Any) -> None:
+    raise OSError(errno.ENOSYS, "Function not implemented")
+
+
+def test_a_folder_that_cannot_flock_is_locked_by_a_lock_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import fcntl
+
+    monkeypatch.setattr(fcntl, "flock", _unsupported)
+    url = str(tmp_path / "run")
+    first = RunLock(Storage(url))
+    first.acquire()
+    holder = json.loads((tmp_path / "run" / store.LOCK).read_text())
+    assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
+    monkeypatch.setattr(store, "_alive", lambda pid: True)
+    monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # a live run of another node
+    with pytest.raises(TunecastError, match="is in use by pid"):
+        RunLock(Storage(url)).acquire()
+    monkeypatch.undo()
+    first.release()
+    assert not (tmp_path / "run" / store.LOCK).exists()
+
+
+def test_a_folder_that_cannot_fsync_still_takes_whole_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.fsync
+
+    def fsync(descriptor: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{descriptor}"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    checkpoints = CheckpointStore(Storage(str(tmp_path / "run")))
+    checkpoints.save(3, {"a.bin": b"abc"}, {})
+    loaded, skipped = checkpoints.newest_valid()
+    assert loaded is not None and loaded.files == {"a.bin": b"abc"} and skipped == []
