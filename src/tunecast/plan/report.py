@@ -145,7 +145,7 @@ def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
                 "(for example --set plan.allow=qlora,adamw-8bit,fsdp)."]
     advice = []
     cheapest = min(priced, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
-    fastest = min(priced, key=lambda o: o.cost.hours)  # type: ignore[union-attr]
+    fastest = _fastest(priced)
     advice.append("Cheapest: " + _describe(cheapest) + ".")
     if fastest is not cheapest:
         extra = fastest.cost.total_usd - cheapest.cost.total_usd  # type: ignore[union-attr]
@@ -170,6 +170,17 @@ def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
             advice.append(f"The cheapest run fits only a micro-batch of {limited}: steps are slower "
                           "and noisier; a card with more memory may be worth its price.")
     return advice
+
+
+FASTEST_WITHIN = 0.05  # runs within 5% of the shortest are as fast: the cheapest of them is named
+
+
+def _fastest(priced: list[Option]) -> Option:
+    """The fastest run worth naming: of those within FASTEST_WITHIN of the shortest time, the cheapest (four
+    times the GPUs for the same hours, start-up bound, is no faster run)."""
+    shortest = min(o.cost.hours for o in priced)  # type: ignore[union-attr]
+    close = [o for o in priced if o.cost.hours <= shortest * (1 + FASTEST_WITHIN)]  # type: ignore[union-attr]
+    return min(close, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
 
 
 def _describe(option: Option) -> str:
