@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_CONFIG ?= examples/llama-3.1-8b-lora.yaml
 TRAIN_DEMO ?= examples/tiny-lora.yaml
 
-.PHONY: demo test lint typecheck unit clean
+.PHONY: demo test lint typecheck unit clean screenshots
 
 # SkyPilot in an environment of its own: it pins click below 8.2, which huggingface_hub 2 does not accept. The
 # exported task is read back by SkyPilot's parser from there (tests/unit/launch/test_launch.py).
@@ -32,6 +32,10 @@ demo: $(STAMP)
 	$(BIN)/tunecast plan $(DEMO_CONFIG)
 	rm -rf runs/tiny-lora
 	$(BIN)/tunecast train $(TRAIN_DEMO)
+
+# the README's picture of the plan report (needs Debian's chromium)
+screenshots: $(STAMP)
+	$(BIN)/python scripts/screenshots.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks

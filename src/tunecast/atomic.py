@@ -7,10 +7,16 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_text_atomic(path: Path, text: str, *, shared: bool = False) -> None:
+    """`text` at `path`, whole or not at all. A temporary file is private (0600); `shared` gives the file the
+    permissions of one made the usual way (0666 less the umask): a report or an export a user hands on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if shared:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(descriptor, 0o666 & ~umask)
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()

@@ -80,6 +80,7 @@ COMMAND_MODULES = {
     "train": "train_cmds", "merge": "train_cmds",
     "probe": "measure_cmds", "calibrate": "measure_cmds",
     "export": "export_cmds",
+    "report": "report_cmds",
 }
 _REGISTERED: list[str] = []
 

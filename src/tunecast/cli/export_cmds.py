@@ -66,7 +66,7 @@ def _write(text: str, path: Path | None) -> None:
         return
     from tunecast.atomic import write_text_atomic
 
-    write_text_atomic(path, text)
+    write_text_atomic(path, text, shared=True)
     err.print(f"wrote {path}")
 
 

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
-from tunecast.cli.render import out, print_json, print_problems, working
+from tunecast.cli.render import err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
@@ -37,6 +37,8 @@ def plan_command(
     calibration: Annotated[Path | None, typer.Option(
         "--calibration", metavar="FILE", help="A calibration.json from `tunecast calibrate`: the calibrated device "
         "runs at its measured speed, the others' predictions are corrected by it.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", metavar="FILE", help="Also write the plan as a "
+                                                "self-contained HTML page with charts (works offline).")] = None,
     json_output: JsonFlag = False,
     *,
     spec_args: SpecArgs,
@@ -53,6 +55,12 @@ def plan_command(
     with working("Planning…") as status:
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
+    if report is not None:
+        from tunecast.atomic import write_text_atomic
+        from tunecast.report.plan import plan_report
+
+        write_text_atomic(report, plan_report(document, state(ctx).catalog()), shared=True)
+        err.print(f"wrote {escape(str(report))}")
     if json_output:
         print_json(document)
         return

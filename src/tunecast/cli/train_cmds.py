@@ -99,6 +99,8 @@ def train_command(
                                                   "first step (micro_batch: auto then takes the smallest).")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout at the end.")]
     = False,
+    report: Annotated[bool, typer.Option("--report", help="Keep OUTPUT/report.html (charts of the run, works "
+                                         "offline) up to date: at every checkpoint and at the end.")] = False,
     *,
     spec_args: SpecArgs,
 ) -> int:
@@ -110,7 +112,7 @@ def train_command(
     installed_here = not PROCESS_FLAG.installed  # run from code (tests), not from the console script
     flag = PROCESS_FLAG.install() if installed_here else PROCESS_FLAG
     try:
-        return _train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag, started)
+        return _train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag, started, report)
     finally:
         if installed_here:
             flag.uninstall()
@@ -142,13 +144,13 @@ def _marked(status: int) -> int:
 
 
 def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
-           spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float) -> int:
+           spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float, report: bool) -> int:
     return _marked(_run_train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag,
-                              started))
+                              started, report))
 
 
 def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
-               spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float) -> int:
+               spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float, report: bool) -> int:
     from tunecast.config.load import Override
 
     if skip_invalid:
@@ -182,7 +184,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         from tunecast.train.run import TrainRequest, run_training
 
         request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
-                               check_memory=not no_memory_check, started=started)
+                               check_memory=not no_memory_check, started=started, report=report)
         with listening(estimate_line):  # the memory check before training may trace on first use
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:

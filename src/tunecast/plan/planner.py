@@ -81,6 +81,8 @@ class Option:
     cost: OfferCost | None
     reason: str | None = None  # why it does not fit (configuration None)
     pareto: bool = False
+    capacity_gib: float | None = None  # what the plan may use of one GPU (usable memory less the margin)
+    closest: MemoryEstimate | None = None  # an option that does not fit: its smallest estimate
 
     @property
     def fits(self) -> bool:
@@ -106,6 +108,8 @@ class Option:
             "eval_hours": round(c.eval_hours, 3) if c else None,
             "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
             "pareto": self.pareto,
+            "capacity_gib": round(self.capacity_gib, 2) if self.capacity_gib is not None else None,
+            "memory_breakdown_gib": _breakdown(c.memory if c else self.closest),
             "basis": c.basis if c else None,
             "notes": ([self.reason] if self.reason else []) + (list(c.notes) if c else [])
                      + (list(self.cost.notes) if self.cost else []),
@@ -129,6 +133,8 @@ class Planner:
     workload: Workload
     calibration: Calibration | None = None
     _memory: dict[tuple[Any, ...], MemoryEstimate] = field(default_factory=dict)
+    # the smallest estimate of each (GPU, count) that does not fit, for the memory chart of the report
+    closest: dict[tuple[str, int], MemoryEstimate] = field(default_factory=dict)
 
     @property
     def spec(self) -> RunSpec:
@@ -223,6 +229,7 @@ class Planner:
             return (f"optimizer_in_backward accumulates no gradients, so the micro-batch must be the {per_gpu} "
                     f"sequences per GPU per step, not {spec.micro_batch_size}")
         over = smallest.device_total_gib - capacity
+        self.closest[(gpu.slug, count)] = smallest
         tried = f" (tried: {', '.join(names)})" if names else ""
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "
                 f"{capacity:.1f} GiB the plan may use{tried}")
@@ -311,8 +318,10 @@ class Planner:
                 progress(gpu.slug)
             for count, internode in self._shapes(gpu, counts, offers):
                 configured = self.configure(gpu, count, internode)
+                capacity = gpu.usable_memory_gib * (1 - spec.plan.memory_margin)
                 if isinstance(configured, str):
-                    yield Option(None, gpu.slug, count, None, configured)
+                    yield Option(None, gpu.slug, count, None, configured, capacity_gib=capacity,
+                                 closest=self.closest.get((gpu.slug, count)))
                     continue
                 if internode is not None:
                     configured.notes.append(f"{count // GPUS_PER_NODE} nodes of {GPUS_PER_NODE}, "
@@ -326,9 +335,9 @@ class Planner:
                                          today=today, interruptions_override=interruptions_override)
                         if cost is not None:
                             priced = True
-                            yield Option(configured, gpu.slug, count, cost)
+                            yield Option(configured, gpu.slug, count, cost, capacity_gib=capacity)
                 if not priced and internode is None:
-                    yield Option(configured, gpu.slug, count, None, None)
+                    yield Option(configured, gpu.slug, count, None, None, capacity_gib=capacity)
 
     def _shapes(self, gpu: Gpu, counts: list[int], offers: list[Offer]) -> Iterator[tuple[int, float | None]]:
         """(count, inter-node network) pairs to plan: one node as before; several nodes once per distinct network
@@ -346,6 +355,17 @@ class Planner:
 # What runs each strategy (train/distributed.py): the engine, as the option names it.
 ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
            "zero2": "FSDP2, parameters kept gathered in the passes"}
+
+
+def _breakdown(memory: MemoryEstimate | None) -> dict[str, float] | None:
+    """Device memory by category, GiB: the estimate's breakdown at its peak phase and what the allocator reserves
+    and the device adds above it."""
+    if memory is None:
+        return None
+    parts = {name: round(value, 3) for name, value in memory.breakdown_gib.items() if value}
+    allocated = sum(memory.breakdown_gib.values())
+    parts["allocator reserve"] = round(max(0.0, memory.device_total_gib - allocated), 3)
+    return parts
 
 
 def launch_of(count: int, strategy: str | None) -> dict[str, Any]:

@@ -144,6 +144,7 @@ class Session:
     # A measuring run (`tunecast calibrate`) writes no checkpoint and stops when `stop` says so; a signal then
     # propagates as Preempted, with nothing saved.
     checkpoints: bool = True
+    report: bool = False  # rank 0 rewrites report.html at every checkpoint and at the end (`train --report`)
     stop: Callable[[Progress], bool] | None = None
 
 
@@ -202,6 +203,7 @@ def save_checkpoint(session: Session, reason: str) -> float:
                         "world_size": engine.world.size, "optimizer_state": progress.step > 0})
         store.prune(session.spec.checkpoint.keep, newest=progress.step)
         session.lock.refresh()
+        refresh_report(session)
     engine.barrier()  # every rank leaves once the checkpoint exists
     seconds = time.monotonic() - started
     session.policy.saved(seconds)
@@ -411,6 +413,7 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
         "padded_tokens_per_second": padded / seconds if seconds else 0.0,
         **peaks,
         "step_seconds": seconds, "optimizer_seconds": optimizer_seconds, "elapsed_s": elapsed, "cost_usd": cost,
+        "projected_cost_usd": cost + eta / SECONDS_PER_HOUR * session.usd_per_hour,
     }
     if progress.step % session.spec.log_every_steps == 0 or progress.step == session.total_steps:
         session.metrics.write(record)
@@ -427,3 +430,18 @@ def lost_peer(error: BaseException) -> bool:
     text = str(error)
     return any(mark in text for mark in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL",
                                          "Broken pipe", "timed out", "Timed out"))
+
+
+def refresh_report(session: Session) -> None:
+    """`train --report`: report.html rewritten from the metrics so far (rank 0). A report that cannot be written
+    is said and training goes on: it is a view of the run, not part of it."""
+    if not session.report or not session.engine.world.main:
+        return
+    try:
+        from tunecast.report.run import REPORT_FILE, RunRecords, run_report
+
+        storage = session.store.storage
+        text = run_report(storage.url, RunRecords.parse(session.metrics.path.read_text()), session.config_yaml)
+        storage.write(REPORT_FILE, text.encode())
+    except Exception as error:  # any failure of the view leaves the run as it is
+        session.reporter.event("report", f"{REPORT_FILE} not updated: {type(error).__name__}: {error}")

@@ -55,6 +55,7 @@ class TrainRequest:
     # examples of the dataset are read
     measuring: bool = False
     data_limit: int | None = None
+    report: bool = False  # keep report.html in the output up to date (at every checkpoint and at the end)
 
 
 @dataclass
@@ -217,8 +218,9 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
             result.steps = found.step if found is not None else 0
             return result
         found = None
-        from tunecast.train.loop import train
+        from tunecast.train.loop import refresh_report, train
 
+        session.report = request.report
         outcome = train(session)
         result.steps = outcome.progress.step
         result.total_steps = session.total_steps
@@ -241,6 +243,7 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
                                "elapsed_s": round(outcome.progress.elapsed_s, 3),
                                "cost_usd": round(outcome.progress.cost_usd, 4)})
         session.metrics.sync()
+        refresh_report(session)
         session.metrics.close()
         result.finished = True
         result.final = storage.url_of(FINAL)

@@ -277,6 +277,9 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
              "total_steps": steps, "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
              "grad_checkpointing": choice.grad_checkpointing, "device": device.name, "usd_per_hour": usd_per_hour,
              "checkpoint_policy": policy.describe(), "rss_before_model_gib": rss_before_model,
+             "elapsed_s": round(progress.elapsed_s, 3), "memory_kind": device.kind,
+             "gpu": device.gpu.slug if device.gpu is not None else None, "processes": world.size,
+             "predicted_memory_gib": choice.estimate_gib, "capacity_gib": round(choice.capacity_gib, 3),
              **({"rss_before_model_gib_ranks": engine.gather(rss_before_model)} if world.distributed else {}),
              "keeps_freed_memory": keeps_freed_memory}
     metrics.write(event)
