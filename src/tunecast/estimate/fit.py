@@ -129,17 +129,18 @@ def _suggestions(spec: RunSpec, total: Total, capacity: float, max_batch: int, t
     candidates: list[tuple[str, dict[str, Any]]] = []
     if spec.grad_checkpointing is not True:
         candidates.append(("turn on gradient checkpointing", {"grad_checkpointing": True}))
-    if spec.method == "lora":
+    several = spec.gpus.count > 1  # what tunecast trains on one process only is not suggested there (train/session.py)
+    if spec.method == "lora" and not (several and spec.gpus.strategy != "ddp"):
         candidates.append(("use QLoRA (4-bit NF4 base weights)", {"method": "qlora"}))
     if spec.method == "full":
         candidates.append(("train LoRA adapters instead of every weight", {"method": "lora"}))
     if spec.optimizer in TORCH_ADAMW:
         candidates.append(("use the 8-bit AdamW optimizer", {"optimizer": "adamw-8bit"}))
         candidates.append(("use the paged 8-bit AdamW optimizer", {"optimizer": "paged-adamw-8bit"}))
-    if not spec.optimizer_in_backward:
+    if not spec.optimizer_in_backward and not several:
         candidates.append(("step the optimizer in the backward pass (grad_accum 1)",
                            {"optimizer_in_backward": True, "grad_accum": 1}))
-    if spec.loss != "chunked":
+    if spec.loss != "chunked" and not several:
         candidates.append(("compute the loss in chunks", {"loss": "chunked"}))
     if not spec.activation_offload:
         candidates.append(("offload activations to CPU RAM", {"activation_offload": True}))

@@ -403,12 +403,13 @@ def _applicable(name: str, spec: RunSpec, count: int) -> bool:
         return spec.optimizer in TORCH_ADAMW
     if name == "lora":
         return spec.method == "full"
-    if name == "qlora":
-        return spec.method in ("lora", "full")
+    if name == "qlora":  # on several GPUs QLoRA trains under DDP only (train/session.py): no sharding tried with it
+        return spec.method in ("lora", "full") and (count == 1 or (spec.gpus.strategy == "ddp"
+                                                                   and "fsdp" not in spec.plan.allow))
     if name == "offload":
         return spec.gpus.strategy != "ddp" or "fsdp" in spec.plan.allow
-    if name == "optimizer_in_backward":
-        return not spec.optimizer_in_backward
+    if name in ("optimizer_in_backward", "chunked_loss"):  # one process only (train/session.py)
+        return count == 1 and (name == "chunked_loss" or not spec.optimizer_in_backward)
     return True
 
 

@@ -106,11 +106,12 @@ def _suggestions(spec: RunSpec, auto_batch: bool) -> str:
         options.append("micro_batch: auto (the largest that fits, with gradient accumulation)")
     if spec.grad_checkpointing is False:
         options.append("grad_checkpointing: auto")
-    if spec.loss == "standard":
+    several = spec.gpus.count > 1  # the chunked loss runs on one process; QLoRA under DDP only
+    if spec.loss == "standard" and not several:
         options.append("loss: chunked")
     if spec.method == "full":
         options.append("method: lora")
-    elif spec.method == "lora":
+    elif spec.method == "lora" and not (several and spec.gpus.strategy != "ddp"):
         options.append("method: qlora")
     if spec.optimizer in TORCH_ADAMW:
         options.append("optimizer: adamw-8bit")

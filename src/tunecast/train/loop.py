@@ -383,8 +383,10 @@ def train(session: Session) -> Outcome:
         session.reporter.event("preempted", f"{stop.signal_name}: saving step {progress.step} and stopping")
         try:
             save_checkpoint(session, f"preempted by {stop.signal_name}")
-        except PeerLost as lost:  # a rank died while the others saved: the newest complete checkpoint stands
-            return Outcome(False, progress, stop.signal_name, lost=str(lost))
+        except (PeerLost, RuntimeError) as lost:  # a rank died while the others saved: the newest complete
+            if not (isinstance(lost, PeerLost) or (world.distributed and lost_peer(lost))):  # checkpoint stands
+                raise
+            return Outcome(False, progress, stop.signal_name, lost=str(lost).splitlines()[0])
         return Outcome(False, progress, stop.signal_name, progress.step)
     if session.checkpoints:
         save_checkpoint(session, "end of training")

@@ -114,3 +114,17 @@ def test_a_change_that_needs_a_trace_is_listed_without_a_figure_unless_tracing_i
     changes = {s.change: s for s in traced.suggestions}
     assert changes["compute the loss in chunks"].device_total_gib == pytest.approx(4 + 32 - 0.5)
     assert all(s.as_dict()["estimated"] for s in traced.suggestions)
+
+
+def test_on_several_gpus_only_what_trains_there_is_suggested() -> None:
+    """The chunked loss and the optimizer in the backward pass run on one process; QLoRA under DDP only."""
+    sharded = RunSpec(model="x", micro_batch=16, seq_len=4000, gpus={"count": 2, "strategy": "fsdp"})
+    changes = {s.change for s in fit_report(sharded, estimate_of(sharded), gpu(5.0), synthetic_total,
+                                            context_len=None).suggestions}
+    assert "turn on gradient checkpointing" in changes
+    assert not changes & {"compute the loss in chunks", "step the optimizer in the backward pass (grad_accum 1)",
+                          "use QLoRA (4-bit NF4 base weights)"}
+    replicas = RunSpec(model="x", micro_batch=16, seq_len=4000, gpus={"count": 2, "strategy": "ddp"})
+    changes = {s.change for s in fit_report(replicas, estimate_of(replicas), gpu(5.0), synthetic_total,
+                                            context_len=None).suggestions}
+    assert "use QLoRA (4-bit NF4 base weights)" in changes and "compute the loss in chunks" not in changes

@@ -360,3 +360,16 @@ def test_several_nodes_are_planned_where_the_network_between_them_is_published(t
     assert eight["launcher"].startswith("tunecast train --gpus 8") and eight["nodes"] == 1
     single = plan(tmp_path, catalog, model_config=WIDE, method="full", global_batch=32, gpus={"count": 1})
     assert {o["launcher"] for o in single["options"]} == {"tunecast train"}
+
+
+def test_the_planner_tries_on_several_gpus_only_changes_that_train_there() -> None:
+    from tunecast.config.spec import RunSpec
+    from tunecast.plan.planner import _applicable
+
+    allowing = RunSpec.model_validate({"model": "x", "plan": {"allow": ["chunked_loss", "optimizer_in_backward",
+                                                                         "qlora"]}})
+    assert all(_applicable(name, allowing, 1) for name in ("chunked_loss", "optimizer_in_backward", "qlora"))
+    assert not _applicable("chunked_loss", allowing, 2) and not _applicable("optimizer_in_backward", allowing, 2)
+    assert _applicable("qlora", allowing, 2)  # under DDP
+    sharding = allowing.with_changes({"plan.allow": ["qlora", "fsdp"]})
+    assert not _applicable("qlora", sharding, 2) and _applicable("qlora", sharding, 1)
