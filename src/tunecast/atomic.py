@@ -7,6 +7,18 @@ import tempfile
 from pathlib import Path
 
 
+def write_user_file(path: Path, text: str, *, field: str) -> None:
+    """A file the user asked for (a report, an export) at `path`, with ordinary permissions; a path that cannot
+    be written is the user's error, naming the flag that gave it."""
+    from tunecast.errors import TunecastError
+
+    try:
+        write_text_atomic(path, text, shared=True)
+    except OSError as error:
+        raise TunecastError(f"cannot write {path}: {error.strerror or error}", field=field,
+                            hint="give a file path in a folder you can write") from None
+
+
 def write_text_atomic(path: Path, text: str, *, shared: bool = False) -> None:
     """`text` at `path`, whole or not at all. A temporary file is private (0600); `shared` gives the file the
     permissions of one made the usual way (0666 less the umask): a report or an export a user hands on."""

@@ -137,12 +137,20 @@ def test_the_global_batch_is_the_configs(server: ForkServer, tmp_path: Path) -> 
         config = tiny_run(folder, **plain, **{"gpus.strategy": strategy})
         assert server.run_ranks(["train", str(config)], folder / "log", 2) == [0, 0], _log(folder / "log")
         runs[strategy] = folder
+    # global_batch is over every process: 8 sequences a step on two is micro-batch 2 × accumulation 2 on each
+    (tmp_path / "global").mkdir()
+    config = tiny_run(tmp_path / "global", **plain, global_batch=8, grad_accum=None)
+    assert server.run_ranks(["train", str(config)], tmp_path / "global" / "log", 2) == [0, 0]
+    start = next(json.loads(line) for line in (tmp_path / "global" / "out" / "metrics.jsonl").read_text().splitlines()
+                 if json.loads(line).get("event") == "start")
+    assert (start["micro_batch"], start["grad_accum"], start["processes"]) == (2, 2, 2)
 
     def lines(folder: Path) -> list[dict]:
         return [json.loads(line) for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()
                 if json.loads(line)["kind"] == "train"]
 
     expected = lines(runs["one"])
+    assert [r["tokens"] for r in lines(tmp_path / "global")] == [r["tokens"] for r in expected]
     weights = load(adapter_bytes(runs["one"] / "out"))
     for strategy in STRATEGIES:
         got = lines(runs[strategy])

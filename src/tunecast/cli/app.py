@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from typer._click.exceptions import ClickException  # Typer bundles its own click
 
 from tunecast.catalog.store import Catalog, load_catalog
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
 
             traceback.print_exc()
         else:
-            err.print(f"[red bold]internal error:[/] {type(error).__name__}: {error}\n"
+            err.print(f"[red bold]internal error:[/] {type(error).__name__}: {escape(str(error))}\n"
                       "  This is a bug in tunecast. Run again with --debug for the traceback and report it.")
         sys.exit(1)
     sys.exit(result if isinstance(result, int) else 0)

@@ -64,9 +64,9 @@ def _write(text: str, path: Path | None) -> None:
     if path is None:
         out.print(text, end="", markup=False, highlight=False, soft_wrap=True)
         return
-    from tunecast.atomic import write_text_atomic
+    from tunecast.atomic import write_user_file
 
-    write_text_atomic(path, text, shared=True)
+    write_user_file(path, text, field="--out")
     err.print(f"wrote {path}")
 
 

@@ -56,10 +56,10 @@ def plan_command(
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
     if report is not None:
-        from tunecast.atomic import write_text_atomic
+        from tunecast.atomic import write_user_file
         from tunecast.report.plan import plan_report
 
-        write_text_atomic(report, plan_report(document, state(ctx).catalog()), shared=True)
+        write_user_file(report, plan_report(document, state(ctx).catalog()), field="--report")
         err.print(f"wrote {escape(str(report))}")
     if json_output:
         print_json(document)

@@ -25,7 +25,19 @@ def _document(path: Path | None, flag: str) -> dict | None:  # type: ignore[type
                             hint="give what `tunecast plan --json` or `tunecast calibrate` wrote") from None
     if not isinstance(document, dict):
         raise TunecastError(f"{path} is not a JSON object", field=flag, hint="give a plan or calibration document")
+    if flag == "--plan":
+        check_plan(document, str(path), flag)
     return document
+
+
+def check_plan(document: dict, where: str, flag: str) -> None:  # type: ignore[type-arg]
+    """A plan document as `tunecast plan --json` writes it: options with what the report reads."""
+    options = document.get("options")
+    needed = ("gpu", "gpu_count", "fits", "tokens_per_second", "device_total_gib", "total_usd")
+    if not isinstance(options, list) or not all(isinstance(o, dict) and all(k in o for k in needed)
+                                                for o in options):
+        raise TunecastError(f"{where} is not a plan: no options as `tunecast plan --json` writes them", field=flag,
+                            hint="give the document `tunecast plan CONFIG --json` printed")
 
 
 def report_command(
@@ -44,6 +56,8 @@ def report_command(
     from tunecast.report.run import REPORT_FILE, read_run, run_report
 
     records, config, in_run = read_run(run_dir)
+    if in_run is not None:
+        check_plan(in_run, f"{run_dir}/plan.json", "RUN_DIR")
     text = run_report(run_dir, records, config, plan=_document(plan, "--plan") or in_run,
                       calibration=_document(calibration, "--calibration"))
     if output is None:
@@ -52,9 +66,9 @@ def report_command(
         Storage(run_dir).write(REPORT_FILE, text.encode())
         where = f"{run_dir.rstrip('/')}/{REPORT_FILE}"
     else:
-        from tunecast.atomic import write_text_atomic
+        from tunecast.atomic import write_user_file
 
-        write_text_atomic(Path(output), text, shared=True)
+        write_user_file(Path(output), text, field="--output")
         where = output
     err.print(f"wrote {escape(where)}")
 

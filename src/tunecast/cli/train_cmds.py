@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -123,9 +124,10 @@ def _launch(count: int, json_output: bool) -> int:
     from tunecast.cli.app import ARGS
     from tunecast.launch.local import launch
 
+    already = signal.Signals[PROCESS_FLAG.received].value if PROCESS_FLAG.received else None
     err.print(f"starting {count} worker processes (rank 0 reports)")
-    status, ended = launch(ARGS, count)
-    failed = [one for one in ended if one.code not in (0, EXIT_PREEMPTED)]
+    status, ended = launch(ARGS, count, already=already)
+    failed = [one for one in ended if one.code not in (0, EXIT_PREEMPTED, 2)]  # 2: rank 0 said what to fix
     if failed:
         first = failed[0]
         err.print(f"[red]{escape(first.describe())}; the other workers stopped. The newest complete checkpoint is "
@@ -133,11 +135,17 @@ def _launch(count: int, json_output: bool) -> int:
     return status
 
 
-def _marked(status: int) -> int:
+# Set by _run_train when the run stopped on a preemption signal (this rank's or another's), not a lost rank.
+_STOPPED_BY_SIGNAL: list[bool] = [False]
+
+
+def _marked(status: int, flag: PreemptionFlag) -> int:
     """A worker's status, and under a launcher that cannot pass it on (torchrun exits 1 for any failure) a mark
-    that it stopped to be resumed: the file TUNECAST_EXIT_FILE names (the exported SkyPilot script reads it)."""
+    that it stopped on a preemption signal: the file TUNECAST_EXIT_FILE names (the exported SkyPilot script
+    reads it and exits 75, which relaunches the job). A worker that stopped because another rank was lost leaves
+    no mark: that rank's failure is the job's status, and a crash is not relaunched as if preempted."""
     marker = os.environ.get("TUNECAST_EXIT_FILE")
-    if status == EXIT_PREEMPTED and marker:
+    if status == EXIT_PREEMPTED and marker and (flag.received is not None or _STOPPED_BY_SIGNAL[0]):
         with contextlib.suppress(OSError):
             Path(marker).write_text(f"{EXIT_PREEMPTED}\n")
     return status
@@ -146,7 +154,7 @@ def _marked(status: int) -> int:
 def _train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
            spec_args: SpecArgs, skip_invalid: bool, flag: PreemptionFlag, started: float, report: bool) -> int:
     return _marked(_run_train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag,
-                              started, report))
+                              started, report), flag)
 
 
 def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_check: bool, json_output: bool,
@@ -189,6 +197,9 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:
         reporter.close()
+        _STOPPED_BY_SIGNAL[0] = True
+        if world.rank != 0:  # rank 0 says it for the run
+            return EXIT_PREEMPTED
         err.print(f"[yellow]preempted ({stop.signal_name}) before training started: nothing to save. "
                   "Run the same command again.[/]")
         if json_output:
@@ -196,6 +207,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         return EXIT_PREEMPTED
     finally:
         reporter.close()
+    _STOPPED_BY_SIGNAL[0] = result.signal is not None and result.lost is None
     if result.rank != 0:  # rank 0 speaks for the run
         return EXIT_PREEMPTED if not result.finished else 0
     print_problems(result.warnings)

@@ -4,7 +4,9 @@ machine without GPUs), each the same `tunecast train` command with the rank vari
 Why not torchrun itself: its exit status is 1 whenever a worker exits non-zero, so a preempted run's 75
 ("run the same command again") would read as a failure. This launcher keeps the contract of one process:
 
-* signals (SIGTERM, SIGINT, SIGUSR1, SIGHUP) are passed to every worker, which save together and exit 75;
+* signals (SIGTERM, SIGINT, SIGUSR1) are passed to every worker, which save together and exit 75; one that
+  arrived before the workers started stops them as they start; a worker that stops with 75 on its own (a
+  signal only it received while the others were not yet in step) makes the launcher pass SIGTERM to the rest;
 * the status is 0 when every worker finished, 75 when they stopped on a preemption or because another
   worker was lost, else the status of the first worker that failed (a crash is not hidden as "resume me");
 * a worker that dies makes the others fail their next collective and stop (distributed.py); any still
@@ -28,7 +30,7 @@ from types import FrameType
 
 from tunecast.train.signals import EXIT_PREEMPTED
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP)
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)  # the workers' preemption signals (train/signals.py)
 LOST_GRACE_S = 60.0
 POLL_S = 0.1
 
@@ -71,23 +73,27 @@ def combined_status(ended: Sequence[Ended]) -> int:
     return EXIT_PREEMPTED if any(one.code == EXIT_PREEMPTED for one in ended) else 0
 
 
-def launch(argv: Sequence[str], count: int) -> tuple[int, list[Ended]]:
-    """Run `tunecast ARGV` as `count` workers; returns the combined status and how each ended (in order)."""
+def launch(argv: Sequence[str], count: int, *, already: int | None = None) -> tuple[int, list[Ended]]:
+    """Run `tunecast ARGV` as `count` workers; returns the combined status and how each ended (in order).
+    `already`: a preemption signal received before the launch, passed to the workers as they start."""
     port = free_port()
-    workers = [subprocess.Popen([sys.executable, "-m", "tunecast", *argv], env=rank_env(rank, count, port, os.environ))
-               for rank in range(count)]
-    received: list[int] = []
+    workers: list[subprocess.Popen[bytes]] = []
+    received: list[int] = [already] if already is not None else []
 
-    def forward(number: int, frame: FrameType | None) -> None:
+    def forward(number: int, frame: FrameType | None = None) -> None:
         received.append(number)
         for worker in workers:
             if worker.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     worker.send_signal(number)
 
-    previous = {number: signal.signal(number, forward) for number in FORWARDED}
+    previous = {number: signal.signal(number, forward) for number in FORWARDED}  # before any worker exists
     ended: list[Ended] = []
     try:
+        workers.extend(subprocess.Popen([sys.executable, "-m", "tunecast", *argv],
+                                        env=rank_env(rank, count, port, os.environ)) for rank in range(count))
+        if received:
+            forward(received[0])
         failed_at: float | None = None
         while len(ended) < count:
             for rank, worker in enumerate(workers):
@@ -97,6 +103,8 @@ def launch(argv: Sequence[str], count: int) -> tuple[int, list[Ended]]:
                 ended.append(Ended(rank, code))
                 if code not in (0, EXIT_PREEMPTED) and failed_at is None:
                     failed_at = time.monotonic()
+                if code != 0 and not received:  # stopped on its own: the others stop too, not wait for it
+                    forward(signal.SIGTERM)
             if failed_at is not None and time.monotonic() - failed_at > LOST_GRACE_S:
                 for worker in workers:
                     if worker.poll() is None:

@@ -68,7 +68,13 @@ def read_run(url: str) -> tuple[RunRecords, str | None, dict[str, Any] | None]:
                             hint="give the run's output directory or storage URL (its `output`)")
     records = RunRecords.parse(storage.read("metrics.jsonl").decode())
     config = storage.read("config.yaml").decode() if storage.exists("config.yaml") else None
-    plan = json.loads(storage.read(PLAN_FILE)) if storage.exists(PLAN_FILE) else None
+    plan = None
+    if storage.exists(PLAN_FILE):
+        try:
+            plan = json.loads(storage.read(PLAN_FILE))
+        except ValueError:
+            raise TunecastError(f"{url}/{PLAN_FILE} is not JSON", field="RUN_DIR",
+                                hint="put there what `tunecast plan --json` printed, or remove it") from None
     return records, config, plan
 
 

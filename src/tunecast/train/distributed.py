@@ -16,7 +16,8 @@ What the ranks must agree on is decided collectively, at points every rank passe
 whether to stop (a preemption signal seen by any rank stops them all, at the same micro-step), whether a
 checkpoint is due (a time-based interval is read on every rank's clock), the batch shape (rank 0 chooses,
 the others receive it). A collective whose peer is gone (a rank killed, a machine lost) fails with gloo and
-NCCL errors, or after `TUNECAST_DIST_TIMEOUT_S` (300 s) of silence; the survivors then stop with the
+NCCL errors, or after `TUNECAST_DIST_TIMEOUT_S` (1800 s) of silence — long, since rank 0 alone verifies and
+writes some files while the others wait; the survivors then stop with the
 preemption status and no new checkpoint, so the newest complete one is where the run resumes.
 """
 
@@ -35,7 +36,7 @@ import torch
 from tunecast.errors import TunecastError
 from tunecast.train.signals import Preempted, PreemptionFlag
 
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = 1800.0  # a hung peer only (a dead one fails at once); rank 0 alone verifies checkpoints
 STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
                   "zero2": "FSDP2, gradients and optimizer sharded"}
 
@@ -150,7 +151,8 @@ class Engine:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.device.index] if self.device.type == "cuda" else None
-            return DistributedDataParallel(model, device_ids=ids)
+            with self._collective():  # the constructor broadcasts rank 0's parameters
+                return DistributedDataParallel(model, device_ids=ids)
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         policy: OffloadPolicy = CPUOffloadPolicy() if offload != "none" and self.device.type == "cuda" \

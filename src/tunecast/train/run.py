@@ -193,11 +193,17 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
                     raise
                 engine.broadcast({"failure": (error.message, error.field, error.hint)})
                 raise
+        probe = None
+        if engine.world.main and engine.world.distributed:  # every rank must reach the output: see it write
+            probe = f".tunecast-ranks-{os.getpid()}-{int(time.time() * 1e6)}"
+            storage.write(probe, b"")
         shared = engine.broadcast(None if opened is None else {k: v for k, v in opened.items() if k != "lock"}
-                                  | {"failure": failure})
+                                  | {"failure": failure, "probe": probe})
         if shared.get("failure"):
             message, field_name, hint = shared["failure"]
             raise SharedError(message, field=field_name, hint=hint)
+        if shared.get("probe"):
+            _check_shared(storage, engine, shared["probe"])
         lock = opened["lock"] if opened is not None else _NoLock()
         found = Loaded(shared["found"][0], shared["found"][1], {}) if shared["found"] is not None else None
         if found is not None and shared["complete"]:
@@ -248,6 +254,23 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
         result.finished = True
         result.final = storage.url_of(FINAL)
         return result
+
+
+def _check_shared(storage: Storage, engine: Any, probe: str) -> None:
+    """Every rank sees the file rank 0 just wrote in the output: each writes its own files of a checkpoint there
+    and rank 0 the manifest naming them all, so an output local to each node would hold checkpoints that never
+    verify."""
+    import socket
+
+    seen = engine.gather((storage.exists(probe), socket.gethostname()))
+    if engine.world.main:
+        storage.remove(probe)
+    blind = [f"rank {rank} on {host}" for rank, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        raise (TunecastError if engine.world.main else SharedError)(
+            f"the output {storage.url} is not shared by every process: {', '.join(blind[:4])} cannot see what rank 0 "
+            "wrote there", field="output",
+            hint="give output a storage every node reaches: a bucket URL (s3://…, gs://…) or a shared filesystem")
 
 
 def _newest(store: CheckpointStore, engine: Any) -> int:

@@ -21,7 +21,7 @@ from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.estimate.settings import TraceSettings
 from tunecast.train.batches import load_train_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
-from tunecast.train.distributed import STRATEGY_NAMES, Engine, world_from_env
+from tunecast.train.distributed import STRATEGY_NAMES, Engine, PeerLost, world_from_env
 from tunecast.train.host_memory import keep_freed_memory, reset_peak_rss
 from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
@@ -144,15 +144,18 @@ def _decided(engine: Engine, decide: Any) -> Any:
     return outcome[1]
 
 
-def _price(spec: Any, device: Device, catalog: Catalog) -> tuple[float, str]:
+def _price(spec: Any, device: Device, catalog: Catalog, gpus: int = 1) -> tuple[float, str]:
+    """The run's price per hour, all its GPUs together (`gpus` of them, one per process)."""
     if spec.pricing.usd_per_hour is not None:
         return spec.pricing.usd_per_hour, f"${spec.pricing.usd_per_hour:g}/h (pricing.usd_per_hour)"
     if device.gpu is not None:
         offers = [o for o in catalog.offers if o.gpu == device.gpu.slug and o.gpu_count == 1]
         if offers:
             cheapest = min(offers, key=lambda o: o.usd_per_hour)
-            return cheapest.usd_per_hour, (f"${cheapest.usd_per_hour:g}/h: the cheapest on-demand {device.gpu.slug} "
-                                           f"offer ({cheapest.provider}); set pricing.usd_per_hour for your own")
+            times = f" × {gpus} GPUs" if gpus > 1 else ""
+            return cheapest.usd_per_hour * gpus, (f"${cheapest.usd_per_hour:g}/h{times}: the cheapest on-demand "
+                                                  f"{device.gpu.slug} offer ({cheapest.provider}); set "
+                                                  "pricing.usd_per_hour for your own")
     return 0.0, f"no price for {device.name}: costs show $0 (set pricing.usd_per_hour or --usd-per-hour)"
 
 
@@ -190,6 +193,8 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     device = local_device(catalog, ranks_here)
     keeps_freed_memory = device.kind == "cpu" and keep_freed_memory()
     fixed = spec
+    if world.distributed and spec.global_batch is not None:  # each process takes its share of the global batch
+        fixed = spec.with_changes({"global_batch": spec.global_batch // world.size})
     if resolved_then:
         fixed = _resumed_shape(spec, resolved_then, world.size)
     choice: BatchChoice = _decided(engine, lambda: choose_batch(fixed, resolved_model.data, device, catalog,
@@ -228,6 +233,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     if spec.method != "qlora" and not (world.distributed and spec.gpus.strategy != "ddp"):
         model = model.to(engine.device)  # FSDP2 moves each shard to the device itself, layer by layer
     model = engine.wrap(model, strategy=spec.gpus.strategy, offload=spec.gpus.offload, layers=decoder_layers(model))
+    engine.barrier()  # every rank wrapped (DDP's constructor broadcasts from rank 0)
     if engine.sharded and device.kind == "cpu":
         reset_peak_rss()  # the whole model each rank built before sharding is not the training steps' peak
     if world.distributed:
@@ -248,7 +254,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     metrics: Any = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None) if main \
         else NoMetrics()
 
-    usd_per_hour, price_note = _price(spec, device, catalog)
+    usd_per_hour, price_note = _price(spec, device, catalog, gpus=world.size if device.kind == "cuda" else 1)
     trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
     policy = CheckpointPolicy.for_spec(
         spec, interruptions_per_hour=catalog.throughput.get("spot_interruptions_per_hour"),
@@ -337,6 +343,10 @@ def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *
                                rank=engine.world.rank, world_size=engine.world.size, model=model,
                                optimizer=optimizer, scaler=scaler, seed=spec.seed)
     except (ValueError, KeyError, RuntimeError, InvalidSet) as error:
+        from tunecast.train.loop import lost_peer
+
+        if engine.world.distributed and isinstance(error, RuntimeError) and lost_peer(error):
+            raise PeerLost(str(error).splitlines()[0]) from None  # another rank stopped, not a wrong checkpoint
         raise TunecastError(f"checkpoint step {found.step} does not fit this run: {str(error).splitlines()[0]}",
                             field="output", hint="pass --fresh to start over (the old run is moved aside)") from None
     if not restored.rng_restored and engine.world.main:

@@ -133,10 +133,17 @@ def _state(model: Any, optimizers: list[Any] | None, *, loading: bool = False) -
 
 @contextlib.contextmanager
 def _one_process_quiet() -> Iterator[None]:
-    """torch.distributed.checkpoint warns that it assumes one process when there is no process group: so it is."""
+    """Around torch.distributed.checkpoint: it warns that it assumes one process when there is no process group
+    (so it is), and reports its failures as a CheckpointException, a BaseException that no `except Exception`
+    sees: made a RuntimeError here (a lost rank's, or a file's), for the handlers of the loop and of resume."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
+        try:
+            yield
+        except CheckpointException as error:
+            raise RuntimeError(f"torch.distributed.checkpoint: {str(error)[:2000]}") from None
 
 
 def trainable_state(model: Any) -> dict[str, torch.Tensor]:
