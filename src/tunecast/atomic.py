@@ -15,7 +15,7 @@ def write_user_file(path: Path, text: str, *, field: str) -> None:
     try:
         write_text_atomic(path, text, shared=True)
     except OSError as error:
-        raise TunecastError(f"cannot write {path}: {error.strerror or error}", field=field,
+        raise TunecastError(f"{field} {path}: cannot write it ({error.strerror or error})", field=field,
                             hint="give a file path in a folder you can write") from None
 
 

@@ -96,3 +96,17 @@ def test_the_run_report_draws_the_run(cli, tmp_path: Path, plan_report: tuple[Pa
 def test_a_report_of_no_run_is_a_user_error(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     result = cli("report", str(tmp_path))
     assert result.code == 2 and "metrics.jsonl" in result.stderr
+
+
+def test_report_paths_and_documents_that_cannot_serve_are_user_errors(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "event", "event": "start", "step": 0}) + "\n")
+    (tmp_path / "not-a-plan.json").write_text(json.dumps({"options": [{"gpu": "x"}]}))
+    result = cli("report", str(run), "--plan", str(tmp_path / "not-a-plan.json"))
+    assert result.code == 2 and "not a plan" in result.stderr
+    result = cli("report", str(run), "-o", str(tmp_path))  # a folder, not a file
+    assert result.code == 2 and "--output" in result.stderr
+    (run / "plan.json").write_text("{ damaged")
+    result = cli("report", str(run))
+    assert result.code == 2 and "plan.json is not JSON" in result.stderr
