@@ -73,6 +73,8 @@ UNPRICED_SHOWN = 4  # configurations that fit but no offer prices, listed after 
 
 
 def _render_plan(document: dict[str, Any], top: int) -> None:
+    from tunecast.plan.planner import gpus_text
+
     data = document["dataset"]
     spec = document["spec"]
     out.print(f"[bold]{escape(document['model']['name'])}[/] · {spec['method']} · {spec['precision']} · "
@@ -98,8 +100,7 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for option in priced[:top] + unpriced[:UNPRICED_SHOWN]:
         cost = option["total_usd"] is not None
-        strategy = f" {option['strategy']}" if option["gpu_count"] > 1 and option["strategy"] else ""
-        table.add_row("★" if option["pareto"] else "", f"{option['gpu_count']}×{option['gpu']}{strategy}",
+        table.add_row("★" if option["pareto"] else "", gpus_text(option),
                       escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "",
                       format_usd(option["usd_per_hour_total"]) if cost else "—",
                       f"{option['micro_batch']}×{option['grad_accum']}",

@@ -25,6 +25,9 @@ Attention = Literal["sdpa", "flash", "eager"]
 Loss = Literal["standard", "chunked"]
 Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 Strategy = Literal["ddp", "fsdp", "zero2", "zero3"]
+# What runs each strategy (train/distributed.py), as the runner and the plan name it.
+STRATEGY_ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
+                    "zero2": "FSDP2, gradients and optimizer sharded"}
 Offload = Literal["none", "optimizer", "params"]
 DatasetFormat = Literal["auto", "text", "prompt-completion", "alpaca", "sharegpt", "messages"]
 TrainOn = Literal["auto", "completion", "all"]

@@ -27,6 +27,7 @@ from typing import Any
 
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
+from tunecast.plan.cost import GPUS_PER_NODE
 from tunecast.train.signals import EXIT_PREEMPTED
 from tunecast.version import __version__
 
@@ -34,7 +35,6 @@ STORE = "/tunecast-store"
 CONFIG_AT = "/tunecast/run.yaml"
 DATA_AT = "/tunecast/data"
 MODEL_AT = "/tunecast/model"
-GPUS_PER_NODE = 8
 MASTER_PORT = 29500
 BUCKET_SCHEMES = ("s3://", "gs://", "r2://", "cos://", "oci://", "https://")  # SkyPilot storage sources
 # SkyPilot's accelerator names for the catalog's GPUs (the `AcceleratorName` of its catalogs; RunPod calls its

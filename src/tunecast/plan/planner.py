@@ -20,7 +20,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.offers import Offer
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.config.spec import TORCH_ADAMW, RunSpec
+from tunecast.config.spec import STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.estimate.settings import TraceSettings
@@ -352,11 +352,6 @@ class Planner:
                 yield count, network
 
 
-# What runs each strategy (train/distributed.py): the engine, as the option names it.
-ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
-           "zero2": "FSDP2, parameters kept gathered in the passes"}
-
-
 def _breakdown(memory: MemoryEstimate | None) -> dict[str, float] | None:
     """Device memory by category, GiB: the estimate's breakdown at its peak phase and what the allocator reserves
     and the device adds above it."""
@@ -368,6 +363,12 @@ def _breakdown(memory: MemoryEstimate | None) -> dict[str, float] | None:
     return parts
 
 
+def gpus_text(option: dict[str, Any]) -> str:
+    """An option's GPUs as the plan's table and report show them: `2×h100-sxm fsdp` (the strategy above one GPU)."""
+    strategy = f" {option['strategy']}" if option["gpu_count"] > 1 and option["strategy"] else ""
+    return f"{option['gpu_count']}×{option['gpu']}{strategy}"
+
+
 def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
     """How an option of `count` GPUs is run: the engine, the launcher, the nodes it spans."""
     nodes = max(1, -(-count // GPUS_PER_NODE))
@@ -376,7 +377,7 @@ def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
     if count == 1:
         engine, launcher = "one process", "tunecast train"
     else:
-        engine = ENGINES[strategy]
+        engine = STRATEGY_ENGINES[strategy]
         launcher = (f"tunecast train --gpus {count} (or torchrun / accelerate launch)" if nodes == 1 else
                     f"tunecast export skypilot --gpus {count} --nodes {nodes} (torchrun on each node)")
     return {"engine": engine, "launcher": launcher, "nodes": nodes}

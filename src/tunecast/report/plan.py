@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunecast.catalog.store import Catalog
+from tunecast.plan.planner import gpus_text
 from tunecast.report.html import chart, facts, link, page, paragraph, section, table
 
 HOURS_PER_MONTH = 200.0  # `tunecast breakeven`'s default
@@ -44,9 +45,7 @@ def plan_report(document: dict[str, Any], catalog: Catalog) -> str:
 
 
 def _label(option: dict[str, Any]) -> str:
-    strategy = f" {option['strategy']}" if option["gpu_count"] > 1 and option["strategy"] else ""
-    return (f"{option['gpu_count']}×{option['gpu']}{strategy} · {option['provider']}"
-            f"{' spot' if option['spot'] else ''}")
+    return f"{gpus_text(option)} · {option['provider']}{' spot' if option['spot'] else ''}"
 
 
 def _cost_time(priced: list[dict[str, Any]]) -> str:
@@ -119,8 +118,7 @@ def _options_table(priced: list[dict[str, Any]]) -> str:
                ("Pareto", False), ("launcher", False)]
     rows = []
     for rank, o in enumerate(priced[:TABLE_ROWS], start=1):
-        strategy = f" {o['strategy']}" if o["gpu_count"] > 1 and o["strategy"] else ""
-        rows.append([str(rank), f"{o['gpu_count']}×{o['gpu']}{strategy}", o["provider"],
+        rows.append([str(rank), gpus_text(o), o["provider"],
                      "spot" if o["spot"] else "on-demand",
                      (f"${o['usd_per_hour_total']:,.2f}", o["usd_per_hour_total"]),
                      f"{o['micro_batch']}×{o['grad_accum']}", "yes" if o["grad_checkpointing"] else "",

@@ -37,8 +37,6 @@ from tunecast.errors import TunecastError
 from tunecast.train.signals import Preempted, PreemptionFlag
 
 DEFAULT_TIMEOUT_S = 1800.0  # a hung peer only (a dead one fails at once); rank 0 alone verifies checkpoints
-STRATEGY_NAMES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
-                  "zero2": "FSDP2, gradients and optimizer sharded"}
 
 
 class PeerLost(Exception):

@@ -17,11 +17,12 @@ import torch
 
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
+from tunecast.config.spec import STRATEGY_ENGINES
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.estimate.settings import TraceSettings
 from tunecast.train.batches import load_train_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
-from tunecast.train.distributed import STRATEGY_NAMES, Engine, PeerLost, world_from_env
+from tunecast.train.distributed import Engine, PeerLost, world_from_env
 from tunecast.train.host_memory import keep_freed_memory, reset_peak_rss
 from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
@@ -107,7 +108,7 @@ def _check_distributed(spec: Any, engine: Engine) -> None:
         found = ("loss: chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to see",
                  "loss", "use loss: standard with several GPUs, or train on one")
     elif spec.method == "qlora" and spec.gpus.strategy != "ddp":
-        found = (f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_NAMES[spec.gpus.strategy]}",
+        found = (f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_ENGINES[spec.gpus.strategy]}",
                  "gpus.strategy", "use gpus.strategy: ddp for QLoRA (each GPU holds the 4-bit base), or method: "
                                   "lora with fsdp")
     elif spec.optimizer_in_backward:
@@ -201,7 +202,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                                                                 check_memory=request.check_memory))
     checkpointing = "on" if choice.grad_checkpointing else "off"
     processes = "process" if world.size == 1 else "processes"
-    across = f" × {world.size} {processes} ({STRATEGY_NAMES[spec.gpus.strategy]})" if world.distributed else ""
+    across = f" × {world.size} {processes} ({STRATEGY_ENGINES[spec.gpus.strategy]})" if world.distributed else ""
     reporter.event("start", f"micro_batch {choice.micro_batch} × grad_accum {choice.grad_accum}{across}, gradient "
                             f"checkpointing {checkpointing}: " + "; ".join(choice.reasons))
     if world.distributed and spec.gpus.offload != "none" and device.kind != "cuda" and main:

@@ -146,12 +146,6 @@ def _one_process_quiet() -> Iterator[None]:
             raise RuntimeError(f"torch.distributed.checkpoint: {str(error)[:2000]}") from None
 
 
-def trainable_state(model: Any) -> dict[str, torch.Tensor]:
-    """The parameters that train, by name, on the CPU and contiguous (as safetensors stores them)."""
-    return {name: parameter.detach().to("cpu").contiguous()
-            for name, parameter in model.named_parameters() if parameter.requires_grad}
-
-
 def _torch_bytes(obj: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
