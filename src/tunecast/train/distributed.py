@@ -63,6 +63,7 @@ class World:
     size: int = 1
     local_rank: int = 0
     launched: bool = False  # started by a launcher (even as its only process: torchrun --nproc_per_node 1)
+    local_size: int = 1  # processes of the run on this machine (they share its cores and, on a CPU, its memory)
 
     @property
     def distributed(self) -> bool:
@@ -85,7 +86,9 @@ def world_from_env() -> World:
         raise TunecastError(f"WORLD_SIZE is {size} but RANK is {os.environ.get('RANK')!r}", field="RANK",
                             hint="start the run with torchrun, accelerate launch or tunecast train --gpus N")
     local = _env_int("LOCAL_RANK")
-    return World(rank, size, local if local is not None else rank, launched=True)
+    here = _env_int("LOCAL_WORLD_SIZE")
+    return World(rank, size, local if local is not None else rank, launched=True,
+                 local_size=here if here is not None else size)
 
 
 def timeout_s() -> float:
@@ -112,8 +115,7 @@ class Engine:
             import torch.distributed as dist
 
             if not cuda and "OMP_NUM_THREADS" not in os.environ:  # CPU ranks of one machine share its cores
-                local = int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
-                torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
+                torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
             if cuda and world.local_rank >= torch.cuda.device_count():
                 raise TunecastError(f"rank {world.rank} has no GPU of its own: this machine has "
                                     f"{torch.cuda.device_count()}", field="gpus.count",

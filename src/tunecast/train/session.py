@@ -190,8 +190,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                                        "raise seq_len if their responses matter", severity="warning"))
     flag.check()
 
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", world.size if world.distributed else 1))
-    device = local_device(catalog, ranks_here)
+    device = local_device(catalog, world.local_size)
     keeps_freed_memory = device.kind == "cpu" and keep_freed_memory()
     fixed = spec
     if world.distributed and spec.global_batch is not None:  # each process takes its share of the global batch
