@@ -18,8 +18,42 @@ from tunecast.units import format_params
 
 
 def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) -> LoadedSpec:
-    """The RunSpec every spec command works on: file + flags + --set, validated against the catalog."""
-    return load_spec(config, spec_args.overrides, state(ctx).catalog(), allow_download=spec_args.allow_download)
+    """The RunSpec every spec command works on: file (or `--from` another tool's) + flags + --set, validated against
+    the catalog."""
+    imported = None
+    if spec_args.source is not None:
+        from tunecast.errors import TunecastError
+        from tunecast.runners.imported import read_config
+
+        if config is not None:
+            raise TunecastError(f"both a config file ({config}) and --from were given", field="--from",
+                                hint="give one: the tunecast config, or --from TOOL FILE")
+        imported = read_config(*spec_args.source)
+    return load_spec(config, spec_args.overrides, state(ctx).catalog(), allow_download=spec_args.allow_download,
+                     imported=imported)
+
+
+def imported_part(loaded: LoadedSpec) -> dict[str, Any]:
+    """For a `--json` document of a run read `--from` another tool: where it came from, what each of its keys set,
+    and `unmapped_keys`, every key not carried over with the reason."""
+    if loaded.imported is None:
+        return {}
+    described = loaded.imported.as_dict()
+    return {"from": {k: v for k, v in described.items() if k != "unmapped_keys"},
+            "unmapped_keys": described["unmapped_keys"]}
+
+
+def print_imported(loaded: LoadedSpec) -> None:
+    """Under a command's output: what was not carried over from the other tool's config, and the approximations."""
+    imported = loaded.imported
+    if imported is None:
+        return
+    err.print(f"read {escape(str(imported.source))} ({imported.tool} config): {len(imported.mapped)} key(s) "
+              f"carried over, {len(imported.unmapped)} not")
+    for item in imported.unmapped:
+        err.print(f"  [yellow]·[/] {escape(item.key)}: {escape(item.reason)}")
+    for note in imported.notes:
+        err.print(f"  [dim]· {escape(note)}[/]")
 
 
 def resolved_document(loaded: LoadedSpec) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
 from tunecast.cli.render import out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import LoadedSpec
@@ -44,10 +44,11 @@ def memory_command(
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
         answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions)
     if json_output:
-        print_json(answer.as_dict(loaded))
+        print_json({**answer.as_dict(loaded), **imported_part(loaded)})
         return
     _render(loaded, answer)
     print_problems(list(loaded.warnings))
+    print_imported(loaded)
 
 
 def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
@@ -58,8 +59,9 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
     params = f" ({format_params(loaded.model.params)})" if loaded.model.params else ""
     checkpointing = "checkpointing" if answer.grad_checkpointing else "no checkpointing"
     gpus = f"{spec.gpus.count} GPUs {spec.gpus.strategy}" if spec.gpus.count > 1 else "1 GPU"
+    runner = "" if spec.runner == "tunecast" else f" · as {spec.runner} runs it"
     out.print(f"[bold]{escape(loaded.model.name)}[/]{params} · {method} · {spec.precision} · {spec.optimizer} · "
-              f"micro-batch {estimate.micro_batch} × {estimate.seq_len} tokens · {checkpointing} · {gpus}")
+              f"micro-batch {estimate.micro_batch} × {estimate.seq_len} tokens · {checkpointing} · {gpus}{runner}")
     where = "per GPU" if estimate.device == "cuda" else "on the CPU"
     table = Table(box=box.SIMPLE_HEAD, title=f"Peak memory {where}", title_justify="left")
     table.add_column("")

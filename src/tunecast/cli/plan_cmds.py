@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
 from tunecast.cli.render import err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.errors import Problem, TunecastError
@@ -62,10 +62,11 @@ def plan_command(
         write_user_file(report, plan_report(document, state(ctx).catalog()), field="--report")
         err.print(f"wrote {escape(str(report))}")
     if json_output:
-        print_json(document)
+        print_json({**document, **imported_part(loaded)})
         return
     _render_plan(document, top)
     print_problems(list(loaded.warnings) + [Problem(**w) for w in document.get("warnings", [])])
+    print_imported(loaded)
 
 
 UNFIT_SHOWN = 8  # configurations that do not fit, listed with their reason under the table
@@ -79,7 +80,8 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     spec = document["spec"]
     out.print(f"[bold]{escape(document['model']['name'])}[/] · {spec['method']} · {spec['precision']} · "
               f"{data['processed_tokens']:,} tokens processed ({data['trained_tokens']:,} trained) over "
-              f"{data['epochs']:g} epoch(s) · global batch {document['global_batch']} × {spec['seq_len']}")
+              f"{data['epochs']:g} epoch(s) · global batch {document['global_batch']} × {spec['seq_len']}"
+              + ("" if spec.get("runner", "tunecast") == "tunecast" else f" · as {spec['runner']} runs it"))
     out.print(f"[dim]dataset: {escape(data['tokenizer'])}[/]")
     if data.get("padding_assumption"):
         out.print(f"[dim]padding: {escape(data['padding_assumption'])}[/]")

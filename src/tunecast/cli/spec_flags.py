@@ -12,6 +12,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -54,6 +55,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("offload", "gpus.offload", ("--offload",), str),
     Flag("output", "output", ("--output", "-o"), str),
     Flag("usd_per_hour", "pricing.usd_per_hour", ("--usd-per-hour",), float),
+    Flag("runner", "runner", ("--runner",), str),
 )
 
 
@@ -82,6 +84,7 @@ class SpecArgs:
 
     overrides: list[Override]
     allow_download: bool
+    source: tuple[str, Path] | None = None  # `--from TOOL FILE`: another tool's config instead of a tunecast one
 
 
 def spec_command(function: Callable[..., Any] | None = None, *,
@@ -106,6 +109,14 @@ def spec_command(function: Callable[..., Any] | None = None, *,
             help="Set any config key, e.g. --set lora.dropout=0.05 --set packing=true. Repeatable.")],
     ))
     extra.append(inspect.Parameter(
+        "source", inspect.Parameter.KEYWORD_ONLY, default=None,
+        annotation=Annotated[tuple[str, Path] | None, typer.Option(
+            "--from", metavar="TOOL FILE", rich_help_panel=PANEL,
+            help="Read the run from another tool's config instead of a tunecast one: axolotl, llamafactory, trl (a "
+                 "`trl sft --config` file) or torchtune (a recipe config). Its runner is estimated; every key "
+                 "not carried over is listed with the reason.")],
+    ))
+    extra.append(inspect.Parameter(
         "allow_download", inspect.Parameter.KEYWORD_ONLY, default=False,
         annotation=Annotated[bool, typer.Option(
             "--allow-download", rich_help_panel=PANEL,
@@ -121,7 +132,7 @@ def spec_command(function: Callable[..., Any] | None = None, *,
             if value is not None:
                 overrides.append(Override(flag.key, value, flag.names[0].split("/")[0]))
         overrides.extend(parse_set(text) for text in kwargs.pop("set_values") or [])
-        spec_args = SpecArgs(overrides, kwargs.pop("allow_download"))
+        spec_args = SpecArgs(overrides, kwargs.pop("allow_download"), kwargs.pop("source"))
         return function(*args, spec_args=spec_args, **kwargs)
 
     parameters = own + extra

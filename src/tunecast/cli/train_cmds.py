@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli
+from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.errors import Problem
@@ -102,6 +102,9 @@ def train_command(
     = False,
     report: Annotated[bool, typer.Option("--report", help="Keep OUTPUT/report.html (charts of the run, works "
                                          "offline) up to date: at every checkpoint and at the end.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what the run would do (device, batch shape and "
+                                          "its predicted memory, steps, resume) without training or writing; with "
+                                          "--runner, as that tool would run it.")] = False,
     *,
     spec_args: SpecArgs,
 ) -> int:
@@ -109,6 +112,8 @@ def train_command(
     Preempted (SIGTERM, SIGINT, SIGUSR1): saves a checkpoint and exits 75; the same command resumes. With
     gpus.count (or --gpus) above 1 it starts that many workers (DDP or FSDP2, gpus.strategy); it also runs as
     the workers of torchrun or accelerate launch."""
+    if dry_run:
+        return _dry_run(ctx, config, spec_args, json_output, no_memory_check)
     started = time.monotonic()
     installed_here = not PROCESS_FLAG.installed  # run from code (tests), not from the console script
     flag = PROCESS_FLAG.install() if installed_here else PROCESS_FLAG
@@ -163,10 +168,17 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
-                             spec_args.allow_download)
+                             spec_args.allow_download, spec_args.source)
     from tunecast.train.distributed import world_from_env
 
     loaded = load_from_cli(ctx, config, spec_args)
+    if loaded.spec.runner != "tunecast":
+        from tunecast.errors import TunecastError
+
+        raise TunecastError(f"runner is {loaded.spec.runner}: tunecast train runs tunecast's own loop, and the runner "
+                            "setting says whose step to estimate", field="runner",
+                            hint="remove runner (or --runner) to train with tunecast; `tunecast train --dry-run "
+                                 f"--runner {loaded.spec.runner}` shows what that tool's run would hold")
     world = world_from_env()
     if world.distributed and loaded.spec.fixed("gpus.count") and loaded.spec.gpus.count != world.size:
         from tunecast.errors import TunecastError
@@ -231,6 +243,36 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         speed = f", {result.tokens_per_second:,.0f} tok/s" if result.tokens_per_second else ""
         out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}{speed}). "
                   f"Final model: {escape(str(result.final))}")
+    return 0
+
+
+def _dry_run(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, json_output: bool,
+             no_memory_check: bool) -> int:
+    from tunecast.train.dryrun import dry_run
+
+    loaded = load_from_cli(ctx, config, spec_args)
+    with listening(estimate_line):
+        result = dry_run(loaded, state(ctx).catalog(), check_memory=not no_memory_check)
+    if json_output:
+        print_json({**result.as_dict(), **imported_part(loaded)})
+        return 0
+    choice = result.choice
+    runner = "" if result.runner == "tunecast" else f" as {result.runner} runs it"
+    out.print(f"[bold]Dry run{escape(runner)}[/] on {escape(result.device)}: nothing is loaded, trained or written.")
+    checkpointing = "on" if choice.grad_checkpointing else "off"
+    out.print(f"  batch: micro_batch {choice.micro_batch} × grad_accum {choice.grad_accum}, gradient checkpointing "
+              f"{checkpointing}; " + escape("; ".join(choice.reasons)))
+    if result.steps is not None:
+        epoch = f" ({result.steps_per_epoch} per epoch)" if result.steps_per_epoch else ""
+        data = f"{result.examples:,} examples, {result.sequences:,} sequences; " if result.examples is not None else ""
+        out.print(f"  data: {data}{result.steps:,} optimizer steps{epoch} — {escape(result.data_source)}")
+    else:
+        out.print(f"  data: {escape(result.data_source)}")
+    resume = (f"would resume from its checkpoint at step {result.resume_step}" if result.resume_step is not None
+              else "would start a new run")
+    out.print(f"  output: {escape(result.output)} ({resume})")
+    print_problems(list(loaded.warnings))
+    print_imported(loaded)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -17,6 +17,9 @@ from tunecast.config.checks import catalog_problems, cross_field_problems
 from tunecast.config.messages import dotted, problem_from_error
 from tunecast.config.spec import RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
+
+if TYPE_CHECKING:
+    from tunecast.runners.imported import Imported
 
 # Placeholder for a missing model while the rest of the config is checked; never leaves this module.
 _MISSING_MODEL = "<missing>"
@@ -56,11 +59,13 @@ class LoadedSpec:
     model: ModelConfig
     gpu: Gpu | None
     warnings: tuple[Problem, ...] = field(default=())
+    imported: Imported | None = None  # the other tool's config it was read from (`--from`)
 
 
 def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
-              allow_download: bool = False) -> LoadedSpec:
-    """Read `path` (optional), apply `overrides`, validate, resolve the model and GPU.
+              allow_download: bool = False, imported: Imported | None = None) -> LoadedSpec:
+    """Read `path` (optional) or the config `imported` from another tool, apply `overrides`, validate, resolve the
+    model and GPU.
 
     Raises ConfigError listing every problem found, each naming the key as the user wrote it and
     where the value came from (line number or flag).
@@ -72,6 +77,10 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
     base_dir = path.parent.resolve() if path is not None else None
     if path is not None:
         raw, lines, problems = _read_file(path)
+    elif imported is not None:
+        source = f"{imported.source} (read as {imported.tool})"
+        raw, lines = copy.deepcopy(imported.config), dict(imported.lines)
+        base_dir = imported.source.parent.resolve()
 
     origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
     for override in overrides:
@@ -90,6 +99,10 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
 
     spec, field_problems = _validate(raw, locate)
     problems.extend(field_problems)
+    if spec is not None and spec.runner != "tunecast":
+        from tunecast.runners.profiles import apply_runner
+
+        spec = apply_runner(spec)
     model: ModelConfig | None = None
     gpu: Gpu | None = None
     if spec is not None:
@@ -111,7 +124,7 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
     if errors or spec is None or model is None:
         raise ConfigError(source, problems)
     warnings = tuple(p for p in problems if p.severity == "warning")
-    return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings)
+    return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int], list[Problem]]:

@@ -23,6 +23,9 @@ Optimizer = Literal["adamw", "adamw-foreach", "adamw-8bit", "paged-adamw", "page
 TORCH_ADAMW = ("adamw", "adamw-foreach")
 Attention = Literal["sdpa", "flash", "eager"]
 Loss = Literal["standard", "chunked"]
+# The training tools whose steps tunecast estimates; runners/profiles.py says how each differs (a test keeps the two
+# lists equal).
+Runner = Literal["tunecast", "hf-trainer", "trl", "axolotl", "llamafactory", "unsloth", "torchtune"]
 Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 Strategy = Literal["ddp", "fsdp", "zero2", "zero3"]
 # What runs each strategy (train/distributed.py), as the runner and the plan name it.
@@ -282,6 +285,12 @@ class RunSpec(_Section):
     loss: Loss = "standard"
     """`standard` (full logits, then cross-entropy) or `chunked` (logits and loss computed in chunks of
     tokens, never all at once). Default `standard`."""
+
+    runner: Runner = "tunecast"
+    """The tool that runs the training step, whose memory and speed are estimated: `tunecast` (its own loop, the one
+    `tunecast train` runs), `hf-trainer` (transformers Trainer with peft), `trl` (TRL's SFTTrainer), `axolotl`,
+    `llamafactory` (LLaMA-Factory), `unsloth` or `torchtune`, each with its own defaults where this config leaves a
+    key unset (docs/runners.md lists every difference and its source). Default `tunecast`."""
 
     packing: bool = False
     """Pack several examples into each sequence (no cross-attention between them). Default false, as

@@ -27,6 +27,7 @@ class MemoryAnswer:
         document: dict[str, Any] = {
             "model": loaded.model.name,
             "params": loaded.model.params,
+            "runner": spec.runner,
             "method": spec.method,
             "precision": spec.precision,
             "optimizer": spec.optimizer,

@@ -360,10 +360,22 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
             b["quantization"] /= count
             if passes:
                 b["temporaries"] += gathered
+        traced_gradients = b["gradients"]
         b["gradients"] /= count
         b["optimizer"] /= count
         if phase == "backward" and count > 1:
-            b["temporaries"] += facts.layer_numel * grad_bytes  # a layer's gradients before reduce-scatter
+            # A layer's gradients before their reduce-scatter: all its weights' in full fine-tuning, its adapters'
+            # otherwise (the adapters of one layer: the trainable elements spread over the layers).
+            layer_trainable = facts.layer_numel if spec.method == "full" else facts.trainable_numel / max(layers, 1)
+            b["temporaries"] += layer_trainable * grad_bytes
+            if spec.method == "full":
+                # The root unit's gradients stay whole until the backward pass ends: its inputs (token ids) need
+                # no gradient, so FSDP2 reduce-scatters them in its final callback (torch/distributed/fsdp/
+                # _fully_shard/_fsdp_state.py, _root_post_backward_final_callback). The output head's gradient
+                # is the first one the backward pass makes, so of the gradients live at the traced peak, up to
+                # the root's size are the root's; none are when the peak comes before any gradient exists (the
+                # usual peak without checkpointing, at the start of the backward pass).
+                b["temporaries"] += min(traced_gradients, root) * (1 - 1 / count)
     offloaded = 0.0
     if gpus.offload in ("optimizer", "params"):
         offloaded += max(memory.breakdown["optimizer"] for memory in step.phases.values())
@@ -470,6 +482,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
     ladder: float | None = None  # reserved by the ladder rule (profiles that sweep shapes, on CUDA)
+    closed_form = False
     try:
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
@@ -483,6 +496,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers)
         traced_at = None
+        closed_form = True
     finally:  # the replays made so far are kept, also when the estimate stops (NeedsTrace, Ctrl-C)
         replays.flush()
     if spec.precision == "fp8":
@@ -491,6 +505,13 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
     if traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
+    if spec.runner != "tunecast":
+        from tunecast.runners.profiles import RUNNERS
+
+        step.notes.extend(RUNNERS[spec.runner].notes(spec))
+        if closed_form:
+            step.notes.append("the closed-form estimate does not run the runner's step: its differences are not in "
+                              "these figures")
 
     peak_phase, allocated = _peak(step)
     peak = step.phases[peak_phase]

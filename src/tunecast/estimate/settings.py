@@ -34,6 +34,26 @@ TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 # Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
+# How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
+# (train/setup.py, train/step.py). Which tools do what, with sources: runners/profiles.py.
+STEP_VARIANTS = {
+    "autocast": "bf16 weights computed under bf16 autocast (accelerate's mixed precision, which the transformers "
+                "Trainer turns on with bf16=True whatever dtype the weights were loaded in)",
+    "fp32-outputs": "the logits the model returns copied to fp32 at the end of the forward pass (accelerate's "
+                    "convert_outputs_to_fp32 under mixed precision), alive until the loss is taken",
+    "kbit-fp32": "for QLoRA, every weight that is not 4-bit (embeddings, norms, output head, biases) cast to fp32 "
+                 "(peft's prepare_model_for_kbit_training)",
+    "fused-head": "the loss through a fused output head: logits one tile of 4,096 tokens × 32,768 entries at a "
+                  "time, per-token statistics in fp32, the hidden states' gradient accumulated in fp32 (TRL's "
+                  "SFTTrainer since 1.15); no full logits",
+    "output-chunks": "the loss in 8 chunks of tokens, each chunk's logits upcast to fp32 and kept for the backward "
+                     "pass (torchtune's LinearCrossEntropyLoss); no full logits",
+    "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
+                    "the backward pass (unsloth's fused cross-entropy); no full logits",
+}
+# Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
+CHUNKING_VARIANTS = ("fused-head", "output-chunks", "fused-chunks")
+
 
 @dataclass(frozen=True)
 class TraceSettings:
@@ -45,6 +65,7 @@ class TraceSettings:
     grad_checkpointing: bool
     attention: str  # sdpa or eager (flash is traced as sdpa: both keep no seq × seq matrix)
     loss: str
+    runner_step: tuple[str, ...] = ()  # STEP_VARIANTS of the runner whose step is estimated (none: tunecast's)
 
     @classmethod
     def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None) -> TraceSettings:
@@ -52,6 +73,8 @@ class TraceSettings:
         targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
         checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
         traced_optimizer = spec.optimizer if spec.optimizer in TRACED_OPTIMIZERS else "adamw"
+        from tunecast.runners.profiles import step_variants
+
         return cls(
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
@@ -62,10 +85,19 @@ class TraceSettings:
             grad_checkpointing=checkpointing,
             attention="eager" if spec.attention == "eager" else "sdpa",
             loss=spec.loss,
+            runner_step=step_variants(spec),
         )
+
+    def fields(self) -> dict[str, Any]:
+        """The settings as a key sees them: tunecast's own step (no runner variants) keys as it did before
+        runners existed, so shipped templates and cached estimates stay valid."""
+        fields = asdict(self)
+        if not self.runner_step:
+            fields.pop("runner_step")
+        return fields
 
     def key(self, config_data: dict[str, Any], versions: dict[str, str]) -> str:
         """Cache key: the model config, these settings, and the library versions that shape a trace."""
-        payload = json.dumps({"config": config_data, "settings": asdict(self), "versions": versions},
+        payload = json.dumps({"config": config_data, "settings": self.fields(), "versions": versions},
                              sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:24]

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import Any, overload
@@ -27,7 +26,7 @@ from typing import Any, overload
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
-from tunecast.estimate.settings import TraceSettings
+from tunecast.estimate.settings import CHUNKING_VARIANTS, TraceSettings
 from tunecast.estimate.shape import (
     has_experts,
     layer_period,
@@ -106,7 +105,7 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
     chosen = depths(config_data)
     shallow = shallow_config_data(config_data, chosen[-1])
     shape = {k: v for k, v in symbols.structure(shallow).items() if k != "num_hidden_layers"}
-    fields = asdict(settings)
+    fields = settings.fields()
     if settings.method == "qlora":  # the same step as LoRA's: NF4 weights are modelled on it (memory.py)
         fields["method"] = "lora"
     if settings.method == "full":
@@ -133,7 +132,8 @@ def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     config = text_config_data(config_data)
     if has_experts(config) and settings.precision != "bf16":
         return False
-    return symbols.dense_dimensions(config) is not None and settings.loss != "chunked"
+    chunking = settings.loss == "chunked" or any(v in CHUNKING_VARIANTS for v in settings.runner_step)
+    return symbols.dense_dimensions(config) is not None and not chunking
 
 
 def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:

@@ -552,7 +552,8 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                     recorder.phase, recorder.category = "forward", "activations"
                     recorder.counting = step == STEPS
                     forward_backward(model, input_ids, labels, precision=settings.precision,
-                                     chunked_loss=settings.loss == "chunked", on_backward=to_backward)
+                                     chunked_loss=settings.loss == "chunked", on_backward=to_backward,
+                                     runner_step=settings.runner_step)
                     recorder.counting = False
                     recorder.phase = "optimizer"
                     recorder.counting_optimizer = step == STEPS
@@ -572,7 +573,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
             if count_flops:
                 with counter:
                     forward_backward(model, input_ids, labels, precision=settings.precision,
-                                     chunked_loss=settings.loss == "chunked")
+                                     chunked_loss=settings.loss == "chunked", runner_step=settings.runner_step)
     finally:
         head_hook.remove()
         for hook in hooks:

@@ -24,7 +24,7 @@ from tunecast.plan.planner import Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
-PLAN_FORMAT = 8
+PLAN_FORMAT = 9
 
 
 @dataclass(frozen=True)

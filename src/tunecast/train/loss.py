@@ -18,29 +18,52 @@ from tunecast.train.setup import decoder_and_head
 
 IGNORE_INDEX = -100
 LOSS_CHUNKS = 8
+# Other tools' losses without full logits, traced to estimate them (estimate/settings.py STEP_VARIANTS): TRL's
+# fused LM head projects 4,096 tokens × 32,768 vocabulary entries at a time (trl/kernels/chunked_logprob.py
+# TOKEN_CHUNK_SIZE; trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE); torchtune's LinearCrossEntropyLoss projects
+# the trained tokens in 8 chunks (num_output_chunks).
+TRL_TILE_TOKENS = 4096
+TRL_TILE_VOCAB = 32768
+TORCHTUNE_CHUNKS = 8
+# unsloth's fused cross-entropy sizes its chunks so that one chunk's fp32 logits take at most min(half the free
+# device memory, 4 GiB) (unsloth_zoo/fused_losses/cross_entropy_loss.py); the trace assumes the 4 GiB.
+UNSLOTH_CHUNK_BYTES = 4 * 2**30
 
 
 def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, chunked: bool,
                    attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
-                   num_items: torch.Tensor | None = None) -> torch.Tensor:
+                   num_items: torch.Tensor | None = None, fp32_outputs: bool = False,
+                   runner_step: tuple[str, ...] = ()) -> torch.Tensor:
     """Next-token loss over the positions whose label is not IGNORE_INDEX: their mean, or with `num_items`
-    their sum divided by it (the trained tokens of a whole optimizer step)."""
+    their sum divided by it (the trained tokens of a whole optimizer step). `fp32_outputs` (standard loss) also
+    makes the fp32 copy of the logits that accelerate's mixed precision returns, held until the loss is returned:
+    how the transformers Trainer's step holds memory. `runner_step` may name another tool's chunked loss
+    (`fused-head`, `output-chunks`, `fused-chunks`): estimate/settings.py STEP_VARIANTS."""
     inputs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
         inputs["position_ids"] = position_ids
+    if "fused-head" in runner_step or "output-chunks" in runner_step:
+        return _tool_chunked_loss(model, inputs, labels, num_items, runner_step)
+    chunks = LOSS_CHUNKS
+    if "fused-chunks" in runner_step:
+        chunked = True
+        vocab = int(decoder_and_head(model)[1].weight.shape[0])
+        chunks = max(1, -(-input_ids.numel() * vocab * 4 // UNSLOTH_CHUNK_BYTES))
     if not chunked:
         if num_items is not None:
             inputs["num_items_in_batch"] = num_items
-        return model(labels=labels, **inputs).loss
+        outputs = model(labels=labels, **inputs)
+        if fp32_outputs:
+            outputs["logits"] = outputs.logits.float()  # (batch, seq, vocab), dropped with `outputs` on return
+        return outputs.loss
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t+1
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
     total = hidden.new_zeros((), dtype=torch.float32)
-    for hidden_chunk, label_chunk in zip(hidden.chunk(LOSS_CHUNKS, dim=1), shifted.chunk(LOSS_CHUNKS, dim=1),
-                                         strict=True):
+    for hidden_chunk, label_chunk in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
     count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
     return total / count
@@ -51,3 +74,86 @@ def _chunk_loss(head: Any, hidden: torch.Tensor, labels: torch.Tensor, softcap: 
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor, num_items: torch.Tensor | None,
+                       runner_step: tuple[str, ...]) -> torch.Tensor:
+    """TRL's fused LM head (`fused-head`) or torchtune's LinearCrossEntropyLoss (`output-chunks`: the tokens in 8
+    chunks, each chunk's logits upcast for the cross-entropy and kept for the backward pass). Both take only the
+    trained tokens, gathered into a new tensor; traced, every token is trained (the trace's labels)."""
+    decoder, head = decoder_and_head(model)
+    hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
+    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+    tokens = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
+    targets = shifted[:, :-1].reshape(-1)
+    if "fused-head" in runner_step:
+        total = FusedHeadLoss.apply(tokens, head.weight, targets)
+    else:
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for chunk, target in zip(tokens.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
+            total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+    count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
+    return total / count
+
+
+class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
+    """The memory of TRL's fused LM head (trl/kernels/chunked_logprob.py, ChunkedLogProbFunction) as it runs on a
+    GPU: logits only ever one tile of 4,096 tokens × 32,768 entries in the compute dtype; per-token fp32
+    statistics; the backward pass recomputes each tile and accumulates the hidden states' gradient (and the head's,
+    when it trains) in fp32. The statistics here are a log-sum-exp over the tiles: the same sizes, simpler
+    arithmetic (TRL's kernel also folds the entropy and accuracy in)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
+            else hidden.dtype
+        count = hidden.shape[0]
+        log_z = torch.full((count,), float("-inf"), device=hidden.device, dtype=torch.float32)
+        target_logit = torch.zeros((count,), device=hidden.device, dtype=torch.float32)
+        tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
+        for first in range(0, count, TRL_TILE_TOKENS):
+            last = min(first + TRL_TILE_TOKENS, count)
+            rows = hidden[first:last].to(dtype)
+            for start in range(0, weight.shape[0], TRL_TILE_VOCAB):
+                end = min(start + TRL_TILE_VOCAB, weight.shape[0])
+                logits = tile[: last - first, : end - start]
+                torch.mm(rows, weight[start:end].to(dtype).t(), out=logits)
+                log_z[first:last] = torch.logaddexp(log_z[first:last], torch.logsumexp(logits, dim=-1).float())
+                inside, column = _in_tile(targets[first:last], start, end)
+                picked = logits.gather(1, column[:, None]).squeeze(1).float()
+                target_logit[first:last] += torch.where(inside, picked, 0.0)
+        ctx.save_for_backward(hidden, weight, targets, log_z)
+        ctx.dtype = dtype
+        return torch.where(targets != IGNORE_INDEX, log_z - target_logit, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+        hidden, weight, targets, log_z = ctx.saved_tensors
+        dtype = ctx.dtype
+        count = hidden.shape[0]
+        grad_hidden = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32)
+        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) \
+            if ctx.needs_input_grad[1] else None
+        tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
+        for first in range(0, count, TRL_TILE_TOKENS):
+            last = min(first + TRL_TILE_TOKENS, count)
+            rows = hidden[first:last].to(dtype)
+            for start in range(0, weight.shape[0], TRL_TILE_VOCAB):
+                end = min(start + TRL_TILE_VOCAB, weight.shape[0])
+                block = weight[start:end].to(dtype)
+                logits = tile[: last - first, : end - start]
+                torch.mm(rows, block.t(), out=logits)
+                logits.sub_(log_z[first:last, None].to(dtype)).exp_()  # softmax
+                inside, column = _in_tile(targets[first:last], start, end)
+                logits.scatter_add_(1, column[:, None], -inside.to(dtype)[:, None])  # minus the target's one-hot
+                logits.mul_((targets[first:last] != IGNORE_INDEX).to(dtype)[:, None] * grad.to(dtype))
+                grad_hidden[first:last] += logits @ block  # fp32 accumulation (CUDA: addmm with out_dtype)
+                if grad_weight is not None:
+                    grad_weight[start:end] += logits.t() @ rows
+        return (grad_hidden.to(hidden.dtype), None if grad_weight is None else grad_weight.to(weight.dtype), None)
+
+
+def _in_tile(targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which targets fall in the vocabulary tile [start, end), and their column in it (0 for the others)."""
+    inside = (targets >= start) & (targets < end) & (targets != IGNORE_INDEX)
+    return inside, torch.where(inside, targets - start, 0)

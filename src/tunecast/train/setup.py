@@ -81,11 +81,24 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
     if settings.method == "full":
         model.requires_grad_(True)
     else:
+        if "kbit-fp32" in getattr(settings, "runner_step", ()):
+            cast_unquantized_to_fp32(model)
         model = apply_adapters(model, settings.adapters)
     if settings.grad_checkpointing:
         enable_checkpointing(model)
     model.train()
     return model
+
+
+def cast_unquantized_to_fp32(model: Any) -> None:
+    """What peft's `prepare_model_for_kbit_training` does to a 4-bit model's other weights: every 16-bit parameter
+    that bitsandbytes did not quantize becomes fp32. On a model whose decoder Linear weights stand for the 4-bit
+    ones (the trace models NF4 on them, estimate/memory.py), that is every parameter but those weights."""
+    quantized = {id(layer.weight) for block in decoder_layers(model) for layer in block.modules()
+                 if isinstance(layer, torch.nn.Linear)}
+    for parameter in model.parameters():
+        if id(parameter) not in quantized and parameter.dtype in (torch.float16, torch.bfloat16):
+            parameter.data = parameter.data.to(torch.float32)
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4,

@@ -1,0 +1,290 @@
+"""Read an axolotl training config (`axolotl train config.yml`) into a tunecast config.
+
+Keys, values and defaults are axolotl's at v0.18 (`src/axolotl/utils/schemas/`), as listed in
+docs/research/runners.md section 4: sequence_len 512, micro_batch_size 1, gradient_accumulation_steps 1,
+num_epochs 1, optimizer adamw_torch_fused, lr_scheduler cosine, bf16 auto, gradient_checkpointing false.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tunecast.runners import mapping as mp
+from tunecast.runners.imported import Imported
+from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
+
+LABEL = "axolotl"
+_ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
+# axolotl prompt formats (datasets.N.type) whose rows tunecast reads as one of its formats.
+_FORMATS = {"alpaca": "alpaca", "chat_template": "messages", "messages": "messages", "completion": "text",
+            "pretrain": "text"}
+_DATA_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow",
+               ".txt": "text"}
+_DEFAULTS = {"seq_len": 512, "micro_batch": 1, "grad_accum": 1, "epochs": 1.0, "optimizer": "adamw",
+             "schedule": "cosine", "precision": "bf16", "grad_checkpointing": False, "method": "full"}
+_FSDP_QUIET = "an FSDP setting tunecast does not model: " + NO_EFFECT + " of the estimate"
+
+
+def read(path: Path) -> Imported:
+    """`path`'s axolotl config as a tunecast config (runner axolotl), with every key accounted for."""
+    data, lines = mp.load(path, LABEL)
+    m = Mapper("axolotl", LABEL, path, lines)
+    _check(m, data)
+    mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    for key, value in _DEFAULTS.items():
+        m.default(key, value)
+    if m.get("method") in ("lora", "qlora"):
+        m.default("lora.dropout", 0.0)
+        mp.peft_default_targets(m, str(m.get("model") or ""))
+    elif m.has("lora"):
+        m.note("LoRA settings given without an adapter: full fine-tuning ignores them")
+    if data.get("bf16", "auto") == "auto" and not data.get("fp16") and not data.get("fp8"):
+        m.note("bf16: auto is bf16 on GPUs that support it (Ampere and newer); estimated as bf16")
+    return m.finish(data, [*_HANDLERS, *_QUIET])
+
+
+def _check(m: Mapper, data: dict[str, Any]) -> None:
+    """Values that make the run impossible to estimate."""
+    if data.get("load_in_8bit") is True:
+        raise m.error("load_in_8bit", "8-bit base weights (LoRA on LLM.int8) cannot be estimated",
+                      "use adapter: qlora with load_in_4bit: true, or adapter: lora without quantization")
+    adapter = data.get("adapter")
+    if adapter not in (None, "lora", "qlora"):
+        raise m.error("adapter", f"adapter {adapter!r} cannot be estimated: tunecast knows lora and qlora",
+                      "use adapter: lora or qlora, or leave it out for full fine-tuning")
+    if adapter == "qlora" and data.get("load_in_4bit") is not True:
+        raise m.error("adapter", "adapter: qlora needs load_in_4bit: true", "add load_in_4bit: true")
+    if data.get("load_in_4bit") is True and adapter != "qlora":
+        raise m.error("load_in_4bit", "4-bit weights need adapter: qlora", "set adapter: qlora")
+
+
+def _adapter(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "method", "qlora" if value == "qlora" else "lora")
+
+
+def _quantized(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "method", "qlora")
+    else:
+        m.skip(key, value, "false: the base weights are not quantized")
+
+
+def _targets_linear(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "lora.targets", "all-linear")
+    else:
+        m.skip(key, value, "false: lora_target_modules names the targets")
+
+
+def _targets(m: Mapper, key: str, value: Any) -> None:
+    if m.get("lora.targets") == "all-linear":
+        m.skip(key, value, "lora_target_linear: true adds every linear layer; these are among them")
+    else:
+        m.put(key, "lora.targets", value)
+
+
+def _precision(m: Mapper, key: str, value: Any) -> None:
+    if key == "bf16" and value in (True, "auto", "full"):
+        m.put(key, "precision", "bf16")
+    elif key == "fp16" and value:
+        m.put(key, "precision", "fp16-mixed")
+        m.note("fp16: true loads the weights in fp16 under fp16 autocast; estimated as fp16-mixed")
+    elif key == "fp8" and value:
+        m.put(key, "precision", "fp8")
+        m.note("fp8: true (torchao float8 training) is estimated as tunecast's fp8: FP8 matmuls, bf16 weights")
+    elif not value and key == "bf16" and not m.has("precision"):
+        m.put(key, "precision", "fp32")
+    else:
+        m.skip(key, value, "false: another precision key decides")
+
+
+def _checkpointing(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "grad_checkpointing", bool(value))
+    if value in ("offload", "offload_disk"):
+        m.put(key, "activation_offload", True)
+        if value == "offload_disk":
+            m.note("gradient_checkpointing: offload_disk keeps activations on disk; estimated as CPU offload")
+
+
+def _offloading(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "activation_offload", bool(value))
+    if value not in (True, False):
+        m.note(f"activation_offloading: {value} estimated as offload to CPU memory")
+
+
+def _attention(m: Mapper, key: str, value: Any) -> None:
+    if key == "attn_implementation":
+        if value in _ATTENTION:
+            m.put(key, "attention", _ATTENTION[value])
+        else:
+            m.skip(key, value, f"attention {value!r} has no tunecast equivalent: estimated with sdpa")
+        return
+    names = {"flash_attention": "flash", "sdp_attention": "sdpa", "eager_attention": "eager"}
+    if value and key in names:
+        m.put(key, "attention", names[key])
+    else:
+        m.skip(key, value, "off: another attention key decides" if not value else
+               f"{key} has no tunecast equivalent: estimated with sdpa")
+
+
+def _datasets(m: Mapper, key: str, value: Any) -> None:
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], dict):
+        m.skip(key, value, mp.SEVERAL)
+        return
+    entry = value[0]
+    local = mp.dataset_file(m, entry.get("path"))
+    files = entry.get("data_files")
+    if local is None and isinstance(files, str):
+        local = mp.dataset_file(m, files)
+        if local is not None:
+            m.put(f"{key}.0.data_files", "dataset.path", local)
+    elif local is not None:
+        m.put(f"{key}.0.path", "dataset.path", local)
+    if local is None:
+        m.skip(key, value, mp.HUB)
+        return
+    _dataset_type(m, f"{key}.0.type", entry)
+    for name, item in entry.items():
+        m.skip(f"{key}.0.{name}", item, "how the rows are loaded and templated: " + NO_EFFECT)
+
+
+def _dataset_type(m: Mapper, key: str, entry: dict[str, Any]) -> None:
+    kind = entry.get("type")
+    if kind == "chat_template" and entry.get("field_messages") == "conversations":
+        m.put(key, "dataset.format", "sharegpt")
+    elif isinstance(kind, str) and kind in _FORMATS:
+        m.put(key, "dataset.format", _FORMATS[kind])
+    elif kind is not None:
+        m.skip(key, kind, f"axolotl prompt format {kind!r} has no tunecast equivalent: dataset.format left auto "
+                          "(detected from the rows)")
+
+
+def _train_on_inputs(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "dataset.train_on", "all" if value else "completion")
+
+
+def _batch_size(m: Mapper, key: str, value: Any) -> None:
+    if "gradient_accumulation_steps" in m.tool_lines:
+        m.skip(key, value, "gradient_accumulation_steps is given and wins")
+        return
+    micro = m.get("micro_batch") or 1
+    m.put(key, "grad_accum", max(1, int(value) // int(micro)))
+    m.note("batch_size sets gradient_accumulation_steps = batch_size / micro_batch_size, as axolotl does")
+
+
+def _fsdp(m: Mapper, key: str, value: Any) -> None:
+    options = value if isinstance(value, list) else str(value).split()
+    if not options:
+        m.skip(key, value, "empty: no FSDP")
+        return
+    m.put(key, "gpus.strategy", "zero2" if "shard_grad_op" in options else "fsdp")
+    if "offload" in options:
+        m.put(key, "gpus.offload", "params")
+    m.note(mp.LAUNCH_COUNT)
+
+
+def _fsdp_config(m: Mapper, key: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        m.skip(key, value, _FSDP_QUIET)
+        return
+    if not m.has("gpus.strategy"):
+        m.put(key, "gpus.strategy", "fsdp")
+        m.note(mp.LAUNCH_COUNT)
+    for name, item in value.items():
+        _fsdp_setting(m, f"{key}.{name}", name.removeprefix("fsdp_"), item)
+
+
+def _fsdp_setting(m: Mapper, key: str, name: str, value: Any) -> None:
+    if name == "offload_params":
+        m.put(key, "gpus.offload", "params" if value else "none")
+    elif (name, value) in (("reshard_after_forward", False), ("sharding_strategy", "SHARD_GRAD_OP")):
+        m.put(key, "gpus.strategy", "zero2")
+    elif name == "activation_checkpointing" and value:
+        m.put(key, "grad_checkpointing", True)
+    elif name in ("version", "fsdp_version"):
+        _fsdp_version(m, key, value)
+    else:
+        m.skip(key, value, _FSDP_QUIET)
+
+
+def _fsdp_version(m: Mapper, key: str, value: Any) -> None:
+    m.skip(key, value, "FSDP version: tunecast estimates FSDP2" + ("" if str(value) == "2" else
+                                                                   "; FSDP1 is estimated alike"))
+
+
+def _peft_dtype(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "lora.fp32_adapters", bool(value))
+
+
+def _liger_loss(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "loss", "chunked")
+        m.note("Liger's fused linear cross-entropy never holds the whole logits: estimated as tunecast's chunked loss")
+    else:
+        m.skip(key, value, "false: the standard loss")
+
+
+_HANDLERS: dict[str, mp.Handler] = {
+    "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": _quantized,
+    "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"),
+    "lora_target_linear": _targets_linear, "lora_target_modules": _targets,
+    "lora_modules_to_save": mp.to("lora.modules_to_save"), "peft_use_dora": mp.flag("lora.dora"),
+    "peft_autocast_adapter_dtype": _peft_dtype,
+    "sequence_len": mp.to("seq_len"), "sample_packing": mp.flag("packing"),
+    "micro_batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
+    "batch_size": _batch_size, "num_epochs": mp.to("epochs", float), "max_steps": mp.to("max_steps"),
+    "optimizer": lambda m, k, v: mp.hf_optimizer(m, k, v, "adamw_torch_fused"), "lr_scheduler": mp.schedule,
+    "learning_rate": mp.to("learning_rate", float), "warmup_steps": mp.to("warmup_steps"),
+    "warmup_ratio": mp.to("warmup_ratio", float), "weight_decay": mp.to("weight_decay", float),
+    "max_grad_norm": mp.to("max_grad_norm", float), "seed": mp.to("seed"),
+    "bf16": _precision, "fp16": _precision, "fp8": _precision,
+    "gradient_checkpointing": _checkpointing, "activation_offloading": _offloading,
+    "attn_implementation": _attention, "flash_attention": _attention, "sdp_attention": _attention,
+    "eager_attention": _attention, "liger_fused_linear_cross_entropy": _liger_loss,
+    "datasets": _datasets, "train_on_inputs": _train_on_inputs, "output_dir": mp.to("output"),
+    "save_steps": mp.to("checkpoint.every_steps"), "save_total_limit": mp.to("checkpoint.keep"),
+    "eval_steps": mp.to("eval.every_steps"),
+    "fsdp": _fsdp, "fsdp_config": _fsdp_config, "fsdp_version": _fsdp_version, "deepspeed": mp.deepspeed,
+}
+
+_NOT_MODELLED = "not modelled by tunecast's estimate"
+_QUIET: dict[str, str] = {
+    **dict.fromkeys(("base_model_config", "model_type", "tokenizer_type", "tokenizer_config", "tokenizer_use_fast",
+                     "tokenizer_legacy", "trust_remote_code", "revision_of_model", "special_tokens", "tokens",
+                     "chat_template", "chat_template_jinja", "default_system_message", "strict",
+                     "resize_token_embeddings_to_32x",
+                     "dataset_prepared_path", "push_dataset_to_hub", "dataset_processes", "dataset_num_proc",
+                     "shuffle_merged_datasets", "dataset_exact_deduplication", "is_preprocess", "ddp_timeout",
+                     "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers", "tf32", "debug",
+                     "resume_from_checkpoint", "auto_resume_from_checkpoints", "lora_model_dir", "save_safetensors",
+                     "save_strategy", "save_only_model", "save_first_step", "hub_model_id", "hub_strategy",
+                     "hf_use_auth_token", "group_by_length", "pad_to_sequence_len", "eval_sample_packing",
+                     "sample_packing_eff_est", "sample_packing_group_size", "sample_packing_bin_size",
+                     "embeddings_skip_upcast", "lora_fan_in_fan_out", "peft_use_rslora", "peft_init_lora_weights",
+                     "gradient_checkpointing_kwargs", "loss_watchdog_threshold", "loss_watchdog_patience",
+                     "early_stopping_patience", "dataloader_num_workers", "dataloader_pin_memory",
+                     "dataloader_prefetch_factor", "bfloat16", "float16", "unfrozen_parameters", "plugins",
+                     "cosine_min_lr_ratio", "lr_scheduler_kwargs", "adam_beta1", "adam_beta2", "adam_epsilon",
+                     "optim_args", "test_datasets", "do_causal_lm_eval", "eval_causal_lm_metrics",
+                     "eval_table_size", "eval_max_new_tokens", "eval_strategy", "evaluation_strategy",
+                     "evals_per_epoch", "saves_per_epoch", "include_tokens_per_second", "torch_compile_backend",
+                     "lora_on_cpu", "gpu_memory_limit", "low_cpu_mem_usage", "chat_template_kwargs"), NO_EFFECT),
+    **dict.fromkeys(("logging_steps", "wandb_project", "wandb_entity", "wandb_watch", "wandb_name",
+                     "wandb_run_id", "wandb_log_model", "wandb_mode", "mlflow_tracking_uri", "mlflow_experiment_name",
+                     "use_tensorboard", "comet_api_key", "comet_workspace", "comet_project_name",
+                     "use_wandb", "use_mlflow", "use_comet", "profiler_steps"), LOGGING),
+    **dict.fromkeys(("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel",
+                     "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm",
+                     "liger_cross_entropy", "cut_cross_entropy", "torch_compile", "unsloth_lora_mlp",
+                     "unsloth_lora_qkv", "unsloth_lora_o", "unsloth_cross_entropy_loss",
+                     "unsloth_rms_norm", "unsloth_rope", "xformers_attention", "flex_attention",
+                     "s2_attention"), "a kernel " + _NOT_MODELLED + ": the estimate is of the standard layers (high)"),
+    "chunked_cross_entropy": "axolotl's chunked cross-entropy still computes the whole logits: estimated as the "
+                             "standard loss (a little high)",
+    "chunked_cross_entropy_num_chunks": "axolotl's chunked cross-entropy: estimated as the standard loss",
+    "val_set_size": "a fraction of the dataset held out: tunecast counts held-out examples (eval.examples); set "
+                    "that once the dataset's size is known",
+    "load_in_8bit": "false: the base weights are not 8-bit",
+    "bnb_config_kwargs": "4-bit quantization details: tunecast estimates NF4 with double quantization",
+}

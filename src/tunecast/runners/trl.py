@@ -1,0 +1,211 @@
+"""Read a TRL SFT config (`trl sft --config config.yaml`) into a tunecast config.
+
+The file holds TRL's ModelConfig, ScriptArguments and SFTConfig (with transformers' TrainingArguments) as flat keys.
+Defaults are TRL's at 1.7-1.10, as listed in docs/research/runners.md section 2: max_length 1024,
+gradient_checkpointing true, bf16 true, learning_rate 2e-5, the model loaded in float32 (dtype), LoRA r 16, alpha 32,
+dropout 0.05 on peft's per-architecture targets; the Trainer's for the rest (batch 8, 3 epochs, linear schedule).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tunecast.runners import mapping as mp
+from tunecast.runners.imported import Imported
+from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
+
+LABEL = "TRL"
+_ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
+_DEFAULTS = {"method": "full", "seq_len": 1024, "grad_checkpointing": True, "learning_rate": 2e-5, "micro_batch": 8,
+             "grad_accum": 1, "epochs": 3.0, "schedule": "linear", "optimizer": "adamw"}
+_LORA_DEFAULTS = {"lora.rank": 16, "lora.alpha": 32, "lora.dropout": 0.05}
+_BUILDERS = ("json", "csv", "parquet", "text", "arrow")  # datasets' loaders for local files
+
+
+def read(path: Path) -> Imported:
+    """`path`'s TRL SFT config as a tunecast config (runner trl), with every key accounted for."""
+    data, lines = mp.load(path, LABEL)
+    m = Mapper("trl", LABEL, path, lines)
+    _check(m, data)
+    mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    _precision(m, data)
+    for key, value in _DEFAULTS.items():
+        m.default(key, value)
+    if m.get("method") in ("lora", "qlora"):
+        for key, value in _LORA_DEFAULTS.items():
+            m.default(key, value)
+        mp.peft_default_targets(m, str(m.get("model") or ""))
+    return m.finish(data, [*_HANDLERS, *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
+
+
+def _check(m: Mapper, data: dict[str, Any]) -> None:
+    if data.get("load_in_8bit"):
+        raise m.error("load_in_8bit", "8-bit base weights (LLM.int8) cannot be estimated",
+                      "use load_in_4bit: true with use_peft: true (QLoRA), or no quantization")
+    if data.get("load_in_4bit") and not data.get("use_peft"):
+        raise m.error("load_in_4bit", "4-bit weights cannot be trained without adapters", "add use_peft: true")
+
+
+def _use_peft(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "method", "qlora" if m.get("method") == "qlora" else "lora")
+    else:
+        m.put(key, "method", "full")
+
+
+def _four_bit(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "method", "qlora")
+    else:
+        m.skip(key, value, "false: the base weights are not quantized")
+
+
+def _targets(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "lora.targets", "all-linear" if value in ("all-linear", ["all-linear"]) else value)
+
+
+def _attention(m: Mapper, key: str, value: Any) -> None:
+    if value in _ATTENTION:
+        m.put(key, "attention", _ATTENTION[value])
+    else:
+        m.skip(key, value, f"attention {value!r} has no tunecast equivalent: estimated with sdpa")
+
+
+@mp.takes_null
+def _max_length(m: Mapper, key: str, value: Any) -> None:
+    if value is None:
+        m.skip(key, value, "null: TRL truncates nothing; tunecast needs the longest sequence: set seq_len")
+    else:
+        m.put(key, "seq_len", value)
+
+
+def _max_steps(m: Mapper, key: str, value: Any) -> None:
+    if isinstance(value, int) and value > 0:
+        m.put(key, "max_steps", value)
+    else:
+        m.skip(key, value, f"{value}: the number of epochs decides")
+
+
+def _completion_only(m: Mapper, key: str, value: Any) -> None:
+    m.put(key, "dataset.train_on", "completion" if value else "all")
+
+
+def _assistant_only(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.put(key, "dataset.train_on", "completion")
+    else:
+        m.skip(key, value, "false: completion_only_loss decides")
+
+
+def _loss_type(m: Mapper, key: str, value: Any) -> None:
+    if value in ("nll", "chunked_nll"):  # since TRL 1.15 both run the fused LM head the trl runner estimates
+        m.skip(key, value, "TRL's default loss (its fused LM head): what the trl runner estimates")
+    else:
+        m.skip(key, value, f"loss_type {value!r}: the trl runner estimates TRL's default loss, the fused LM head "
+                           "(the same logits tiles; this loss's own extra terms are not modelled)")
+
+
+def _dataset_name(m: Mapper, key: str, value: Any) -> None:
+    local = mp.dataset_file(m, value)
+    if local is None:
+        m.skip(key, value, mp.HUB)
+    else:
+        m.put(key, "dataset.path", local)
+
+
+def _datasets(m: Mapper, key: str, value: Any) -> None:
+    if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], dict):
+        m.skip(key, value, mp.SEVERAL)
+        return
+    entry = value[0]
+    files = entry.get("data_files")
+    if entry.get("path") in _BUILDERS and isinstance(files, str) and mp.dataset_file(m, files):
+        m.put(f"{key}.0.data_files", "dataset.path", mp.dataset_file(m, files))
+    elif mp.dataset_file(m, entry.get("path")) and files is None:
+        m.put(f"{key}.0.path", "dataset.path", mp.dataset_file(m, entry.get("path")))
+    else:
+        m.skip(key, value, mp.HUB)
+        return
+    for name, item in entry.items():
+        m.skip(f"{key}.0.{name}", item, "how the rows are loaded: " + NO_EFFECT)
+
+
+def _fsdp(m: Mapper, key: str, value: Any) -> None:
+    options = value if isinstance(value, list) else str(value).split()
+    if not options or options == [""]:
+        m.skip(key, value, "empty: no FSDP")
+        return
+    m.put(key, "gpus.strategy", "zero2" if "shard_grad_op" in options else "fsdp")
+    if "offload" in options:
+        m.put(key, "gpus.offload", "params")
+    m.note(mp.LAUNCH_COUNT)
+
+
+def _precision(m: Mapper, data: dict[str, Any]) -> None:
+    """The model's load dtype (ModelConfig.dtype or model_init_kwargs.dtype, float32 by default) with the Trainer's
+    autocast (bf16 true by default unless fp16)."""
+    given = data.get("model_init_kwargs")
+    init: dict[str, Any] = given if isinstance(given, dict) else {}
+    dtype_key = next((f"model_init_kwargs.{k}" for k in ("dtype", "torch_dtype") if k in init), "dtype")
+    dtype = str(init.get(dtype_key.rpartition(".")[2]) or data.get("dtype") or "float32")
+    fp16 = bool(data.get("fp16"))
+    bf16 = data.get("bf16") is not False and not fp16
+    if fp16 or dtype == "float16":
+        precision = "fp16-mixed"
+        m.note("fp16: estimated as fp16-mixed (fp16 autocast)")
+    elif dtype == "float32":
+        precision = "bf16-mixed" if bf16 else "fp32"
+    else:
+        precision = "bf16"
+        if dtype == "auto":
+            m.note("dtype auto loads the checkpoint's dtype: estimated as bf16 weights")
+    used = [key for key in ("bf16", "fp16", dtype_key) if key.partition(".")[0] in data]
+    for key in used:
+        m.put(key, "precision", precision)
+    m.default("precision", precision)
+    for key, value in init.items():
+        m.skip(f"model_init_kwargs.{key}", value, "how the model is loaded: " + NO_EFFECT)
+
+
+_HANDLERS: dict[str, mp.Handler] = {
+    "model_name_or_path": mp.to("model"), "attn_implementation": _attention, "use_peft": _use_peft,
+    "load_in_4bit": _four_bit, "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"),
+    "lora_dropout": mp.to("lora.dropout"), "lora_target_modules": _targets,
+    "lora_modules_to_save": mp.to("lora.modules_to_save"), "use_dora": mp.flag("lora.dora"),
+    "dataset_name": _dataset_name, "datasets": _datasets, "max_length": _max_length, "max_seq_length": _max_length,
+    "packing": mp.flag("packing"), "completion_only_loss": _completion_only, "assistant_only_loss": _assistant_only,
+    "loss_type": _loss_type, "activation_offloading": mp.flag("activation_offload"),
+    "gradient_checkpointing": mp.flag("grad_checkpointing"), "learning_rate": mp.to("learning_rate", float),
+    "per_device_train_batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
+    "num_train_epochs": mp.to("epochs", float), "max_steps": _max_steps, "lr_scheduler_type": mp.schedule,
+    "warmup_steps": mp.to("warmup_steps"), "warmup_ratio": mp.to("warmup_ratio", float),
+    "weight_decay": mp.to("weight_decay", float), "max_grad_norm": mp.to("max_grad_norm", float),
+    "seed": mp.to("seed"), "optim": lambda m, k, v: mp.hf_optimizer(m, k, v, "adamw_torch_fused"),
+    "output_dir": mp.to("output"), "save_steps": mp.to("checkpoint.every_steps"),
+    "save_total_limit": mp.to("checkpoint.keep"), "eval_steps": mp.to("eval.every_steps"),
+    "fsdp": _fsdp, "deepspeed": mp.deepspeed,
+}
+
+_QUIET: dict[str, str] = {
+    **dict.fromkeys(("model_revision", "trust_remote_code", "lora_task_type", "use_rslora", "bnb_4bit_quant_type",
+                     "use_bnb_nested_quant", "bnb_4bit_quant_storage", "dataset_config", "dataset_train_split",
+                     "dataset_test_split", "dataset_streaming", "streaming", "test_split_size",
+                     "dataset_text_field", "dataset_kwargs", "dataset_num_proc", "eos_token", "pad_token",
+                     "chat_template_path", "shuffle_dataset", "truncation_mode", "pad_to_multiple_of",
+                     "packing_strategy", "eval_packing", "lr_scheduler_kwargs", "gradient_checkpointing_kwargs",
+                     "torch_empty_cache_steps", "do_train", "do_eval", "overwrite_output_dir",
+                     "resume_from_checkpoint", "save_strategy", "eval_strategy", "per_device_eval_batch_size",
+                     "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns", "tf32",
+                     "bf16_full_eval", "ddp_timeout", "ddp_find_unused_parameters", "push_to_hub", "hub_model_id",
+                     "hub_strategy", "hub_private_repo", "save_only_model", "adam_beta1", "adam_beta2",
+                     "adam_epsilon", "env", "ignore_bias_buffers", "router_aux_loss_coef",
+                     "accelerator_config"), NO_EFFECT),
+    "fsdp_config": "FSDP details tunecast does not model: the strategy comes from `fsdp`",
+    **dict.fromkeys(("logging_steps", "logging_strategy", "logging_first_step", "report_to", "run_name",
+                     "logging_dir", "include_tokens_per_second"), LOGGING),
+    **dict.fromkeys(("use_liger_kernel", "torch_compile", "lora_target_parameters"),
+                    "a kernel or method tunecast does not model: the estimate is of the standard layers"),
+    "padding_free": "padding-free batches hold no padding: tunecast estimates padded batches unless packing (high)",
+    "load_in_8bit": "false: the base weights are not 8-bit",
+}

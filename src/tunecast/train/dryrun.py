@@ -1,0 +1,90 @@
+"""`tunecast train --dry-run`: what a run would do, decided as the run decides it, without loading weights,
+taking the run's lock or writing anything.
+
+1. The device: `gpus.gpu` when the config names one (its usable memory from the catalog), else this machine's.
+2. The batch shape: the micro-batch, accumulation and checkpointing `choose_batch` picks on that device, from the
+   memory estimate of the config's runner (`runner:`; another tool's step is estimated, tunecast's trains).
+3. The steps: from the dataset file read with the run's tokenizer (as training reads it), else from the declared
+   `dataset.examples`; none when neither is there.
+4. The output: whether a checkpoint there would be resumed (the newest one that verifies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec
+from tunecast.train.batching import BatchChoice, Device, choose_batch
+
+
+@dataclass(frozen=True)
+class DryRun:
+    runner: str
+    device: str
+    choice: BatchChoice
+    examples: int | None
+    sequences: int | None  # training sequences (packed sequences with packing)
+    steps: int | None
+    steps_per_epoch: int | None
+    data_source: str
+    output: str
+    resume_step: int | None  # the checkpoint a run would resume from
+
+    def as_dict(self) -> dict[str, Any]:
+        choice = self.choice
+        return {"dry_run": True, "runner": self.runner, "device": self.device,
+                "micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
+                "grad_checkpointing": choice.grad_checkpointing,
+                "predicted_memory_gib": None if choice.estimate_gib is None else round(choice.estimate_gib, 3),
+                "capacity_gib": round(choice.capacity_gib, 3), "reasons": list(choice.reasons),
+                "examples": self.examples, "sequences": self.sequences, "steps": self.steps,
+                "steps_per_epoch": self.steps_per_epoch, "data_source": self.data_source, "output": self.output,
+                "resume_step": self.resume_step}
+
+
+def planned_device(loaded: LoadedSpec, catalog: Catalog) -> Device:
+    """The GPU the config names (its usable memory), else the device of this machine."""
+    if loaded.gpu is not None:
+        return Device("cuda", loaded.gpu.slug, loaded.gpu.usable_memory_gib, loaded.gpu)
+    from tunecast.train.session import local_device
+
+    return local_device(catalog)
+
+
+def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
+    from tunecast.train.run import output_url, total_steps
+    from tunecast.train.store import CheckpointStore, Storage
+
+    spec = loaded.spec
+    device = planned_device(loaded, catalog)
+    choice = choose_batch(spec, loaded.model.data, device, catalog, check_memory=check_memory)
+    per_step = choice.micro_batch * choice.grad_accum
+    examples = sequences = steps = per_epoch = None
+    if spec.dataset.path is not None:
+        from tunecast.train.batches import load_train_data
+        from tunecast.train.model import load_run_tokenizer, pad_id
+
+        counter = load_run_tokenizer(spec, loaded.model)
+        data = load_train_data(spec.dataset.path, counter, layout=spec.dataset.format, train_on=spec.dataset.train_on,
+                               seq_len=spec.seq_len, packing=spec.packing, eval_examples=spec.eval.examples,
+                               seed=spec.seed, skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter))
+        examples, sequences = data.examples, len(data.units)
+        source = f"{spec.dataset.path}, read with the run's tokenizer"
+    elif spec.dataset.examples is not None and not spec.packing:
+        examples = sequences = spec.dataset.examples
+        source = "dataset.examples (declared; no file to read)"
+    else:
+        source = "no dataset file: steps unknown" if spec.max_steps is None else "max_steps"
+    if sequences is not None:
+        steps, per_epoch = total_steps(spec, sequences, per_step)
+    elif spec.max_steps is not None:
+        steps = spec.max_steps
+    output = output_url(spec)
+    storage = Storage(output)
+    resume = None
+    if storage.exists():
+        found, _ = CheckpointStore(storage).newest_valid(keep=False)
+        resume = found.step if found is not None else None
+    return DryRun(spec.runner, device.name, choice, examples, sequences, steps, per_epoch, source, output, resume)

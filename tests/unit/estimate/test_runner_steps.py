@@ -1,0 +1,138 @@
+"""Other tools' steps as the tracer runs them (`runner:`): each variant changes the traced tensors by what it does."""
+
+from dataclasses import replace
+from typing import Any, get_args
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tests.models import tiny_llama
+
+from tunecast.config.spec import Runner, RunSpec
+from tunecast.estimate.profile import profile_from_trace, replay
+from tunecast.estimate.settings import CHUNKING_VARIANTS, STEP_VARIANTS, TraceSettings
+from tunecast.estimate.shape import build_meta_model
+from tunecast.estimate.tracer import ALLOC, trace_step
+from tunecast.runners.profiles import RUNNERS, apply_runner, runner_defaults, step_variants
+from tunecast.train import loss
+
+BATCH, SEQ = 2, 128
+
+
+def traced(config: dict[str, Any], settings: TraceSettings) -> Any:
+    trace = trace_step(config, settings, BATCH, SEQ, count_flops=False)
+    return trace, replay(profile_from_trace(0, trace), BATCH, SEQ, cuda=False)
+
+
+def settings_of(**spec: Any) -> TraceSettings:
+    return TraceSettings.from_spec(RunSpec(model="x", **spec))
+
+
+def test_every_runner_of_the_config_has_a_profile_and_known_variants() -> None:
+    assert tuple(RUNNERS) == get_args(Runner)
+    for runner in RUNNERS.values():
+        for method in ("full", "lora", "qlora"):
+            for precision in ("bf16", "bf16-mixed", "fp32"):
+                variants = runner.variants(RunSpec(model="x", method=method, precision=precision))
+                assert set(variants) <= set(STEP_VARIANTS)
+                chunking = [v for v in variants if v in CHUNKING_VARIANTS]
+                assert len(chunking) <= 1 and not (chunking and "fp32-outputs" in variants)
+    assert step_variants(RunSpec(model="x")) == ()
+
+
+def test_tunecast_settings_key_as_before_runners_existed() -> None:
+    """Shipped templates and cached estimates are keyed on the settings: tunecast's own step keeps its keys."""
+    plain = settings_of(method="lora")
+    assert "runner_step" not in plain.fields()
+    assert plain.key({}, {}) != replace(plain, runner_step=("autocast",)).key({}, {})
+
+
+def test_runner_defaults_fill_only_what_the_config_left_unset() -> None:
+    spec = RunSpec.model_validate({"model": "x", "method": "qlora", "runner": "hf-trainer"})
+    assert runner_defaults(spec) == {"optimizer": "adamw", "grad_checkpointing": True}
+    applied = apply_runner(spec)
+    assert applied.grad_checkpointing is True and applied.fixed("grad_checkpointing")
+    assert not applied.fixed("micro_batch") and not applied.fixed("seq_len")  # the planner still varies these
+    explicit = RunSpec.model_validate({"model": "x", "method": "qlora", "runner": "hf-trainer",
+                                       "grad_checkpointing": False})
+    assert apply_runner(explicit).grad_checkpointing is False
+    torchtune = apply_runner(RunSpec.model_validate({"model": "x", "method": "lora", "runner": "torchtune"}))
+    assert torchtune.lora.fp32_adapters is False and "fp32_adapters" in torchtune.lora.model_fields_set
+    assert "rank" not in torchtune.lora.model_fields_set
+    single = apply_runner(RunSpec.model_validate({"model": "x", "method": "full", "runner": "torchtune"}))
+    several = apply_runner(RunSpec.model_validate({"model": "x", "method": "full", "runner": "torchtune",
+                                                   "gpus": {"count": 4}}))
+    assert (single.optimizer, single.optimizer_in_backward) == ("paged-adamw-8bit", True)
+    assert (several.optimizer, several.optimizer_in_backward) == ("adamw", False)
+
+
+def test_kbit_preparation_casts_every_weight_but_the_4bit_ones_to_fp32() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    _, ours = traced(config, settings_of(method="qlora"))
+    _, theirs = traced(config, settings_of(method="qlora", runner="hf-trainer", precision="fp32"))
+    _, prepared = traced(config, replace(settings_of(method="qlora"), runner_step=("kbit-fp32",)))
+    model = build_meta_model(config)
+    linears = {id(m.weight) for layer in model.model.layers for m in layer.modules()
+               if isinstance(m, torch.nn.Linear)}
+    rest = sum(p.numel() for p in model.parameters() if id(p) not in linears)
+    grown = prepared.phases["forward"].breakdown["weights"] - ours.phases["forward"].breakdown["weights"]
+    assert grown == rest * 2  # bf16 -> fp32: two more bytes each (embeddings, head, norms)
+    assert step_variants(RunSpec(model="x", method="qlora", runner="hf-trainer", precision="fp32")) == ("kbit-fp32",)
+    assert theirs.phases["forward"].breakdown["weights"] > 0
+
+
+def test_accelerate_output_copy_is_an_fp32_logits_tensor_of_the_forward_pass() -> None:
+    config = tiny_llama(num_hidden_layers=2)
+    base = replace(settings_of(method="lora"), runner_step=("autocast",))
+    trace, plain = traced(config, base)
+    copied_trace, copied = traced(config, replace(base, runner_step=("autocast", "fp32-outputs")))
+    logits_fp32 = BATCH * SEQ * config["vocab_size"] * 4
+    sizes = [e.nbytes for e in copied_trace.events if e.kind == ALLOC and e.phase == "forward"]
+    assert sizes.count(logits_fp32) > [e.nbytes for e in trace.events
+                                       if e.kind == ALLOC and e.phase == "forward"].count(logits_fp32)
+    assert copied.phases["forward"].allocated >= plain.phases["forward"].allocated
+
+
+def test_autocast_over_bf16_weights_saves_bf16_adapter_inputs() -> None:
+    """peft casts a LoRA layer's input to its fp32 adapter's dtype; without autocast the fp32 copy is what the
+    adapter's matmul keeps for the backward pass, under autocast a bf16 one."""
+    config = tiny_llama(num_hidden_layers=2)
+    _, pure = traced(config, settings_of(method="lora"))
+    _, mixed = traced(config, replace(settings_of(method="lora"), runner_step=("autocast",)))
+    assert mixed.phases["forward"].breakdown["activations"] < pure.phases["forward"].breakdown["activations"]
+
+
+@pytest.mark.parametrize("variant", ["fused-head", "output-chunks", "fused-chunks"])
+def test_losses_without_full_logits_hold_less_than_the_standard_loss(variant: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tiny_llama(num_hidden_layers=2, vocab_size=70000)  # three TRL tiles of the vocabulary
+    # unsloth's chunks hold at most 4 GiB of fp32 logits: here a quarter of this step's, so four chunks
+    monkeypatch.setattr(loss, "UNSLOTH_CHUNK_BYTES", BATCH * SEQ * config["vocab_size"] * 4 // 4)
+    _, standard = traced(config, settings_of(method="lora"))
+    trace, chunked = traced(config, replace(settings_of(method="lora"), runner_step=(variant,)))
+    full_logits = BATCH * SEQ * config["vocab_size"] * 2
+    largest = max(e.nbytes for e in trace.events if e.kind == ALLOC and e.category != "weights")
+    if variant == "fused-head":
+        assert largest <= min(BATCH * (SEQ - 1), loss.TRL_TILE_TOKENS) * loss.TRL_TILE_VOCAB * 4
+    else:
+        assert largest < full_logits
+    peak = max(p.allocated for p in chunked.phases.values())
+    assert peak < max(p.allocated for p in standard.phases.values())
+
+
+def test_fused_head_loss_equals_cross_entropy_and_its_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loss, "TRL_TILE_TOKENS", 5)
+    monkeypatch.setattr(loss, "TRL_TILE_VOCAB", 7)
+    torch.manual_seed(0)
+    hidden = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 20, (12,))
+    targets[3] = loss.IGNORE_INDEX
+    fused = loss.FusedHeadLoss.apply(hidden, weight, targets)
+    fused.backward()
+    grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    reference = F.cross_entropy(hidden @ weight.t(), targets, ignore_index=loss.IGNORE_INDEX, reduction="sum")
+    reference.backward()
+    assert float(fused.detach()) == pytest.approx(float(reference.detach()), rel=1e-6)
+    assert torch.allclose(grads[0], hidden.grad, atol=1e-5) and torch.allclose(grads[1], weight.grad, atol=1e-5)

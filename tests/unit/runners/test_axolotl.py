@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.unit.runners.helpers import DATA, checked, reason
+
+from tunecast.errors import TunecastError
+from tunecast.runners import axolotl
+
+
+def test_lora_with_packing_and_a_local_dataset() -> None:
+    imported = axolotl.read(DATA / "axolotl" / "lora.yml")
+    spec = checked(imported)
+    assert spec.runner == "axolotl"
+    assert (spec.model, spec.method, spec.seq_len, spec.packing) == ("meta-llama/Llama-3.1-8B", "lora", 2048, True)
+    assert (spec.lora.rank, spec.lora.alpha, spec.lora.dropout) == (16, 32, 0.05)
+    assert spec.lora.targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert (spec.micro_batch, spec.grad_accum, spec.epochs) == (2, 4, 2.0)
+    assert (spec.optimizer, spec.schedule, spec.learning_rate) == ("adamw-foreach", "linear", 1e-4)
+    assert (spec.precision, spec.grad_checkpointing, spec.activation_offload) == ("bf16", True, True)
+    assert (spec.attention, spec.warmup_steps, spec.weight_decay, spec.seed) == ("flash", 20, 0.01, 7)
+    assert spec.dataset.path == str((DATA / "axolotl" / "data" / "train.jsonl").resolve())
+    assert (spec.dataset.format, spec.dataset.train_on) == ("alpaca", "completion")
+    assert spec.checkpoint.every_steps == 200
+    assert imported.mapped["gradient_checkpointing"] == ("grad_checkpointing", "activation_offload")
+    assert imported.lines["seq_len"] == 14  # sequence_len: 2048
+    assert "no effect" in reason(imported, "tf32")
+    assert "default applies" in reason(imported, "wandb_project")
+
+
+def test_qlora_with_a_hub_dataset_and_deepspeed() -> None:
+    imported = axolotl.read(DATA / "axolotl" / "qlora.yml")
+    spec = checked(imported)
+    assert (spec.model, spec.method, spec.lora.targets) == ("mistralai/Mistral-7B-v0.1", "qlora", "all-linear")
+    assert (spec.seq_len, spec.packing, spec.micro_batch, spec.epochs) == (4096, True, 1, 1.0)
+    assert (spec.optimizer, spec.precision, spec.attention) == ("paged-adamw-8bit", "bf16", "sdpa")
+    assert (spec.gpus.strategy, spec.gpus.offload) == ("zero2", "optimizer")
+    assert spec.dataset.path is None
+    assert "Hub dataset" in reason(imported, "datasets")
+    assert "misspelt" in reason(imported, "unknown_knob")
+    assert any("gpus.count" in note for note in imported.notes)
+
+
+def test_unset_keys_take_axolotls_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.yml"
+    path.write_text("base_model: Qwen/Qwen3-0.6B\nlearning_rate: 0.0001\n", encoding="utf-8")
+    imported = axolotl.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.seq_len, spec.micro_batch, spec.epochs) == ("full", 512, 1, 1.0)
+    assert (spec.optimizer, spec.schedule, spec.precision) == ("adamw", "cosine", "bf16")
+    assert imported.config.get("grad_checkpointing") is False
+    assert "lora" not in imported.config and "warmup_steps" not in imported.config
+
+
+def test_lora_without_targets_takes_peft_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "lora.yml"
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nlora_r: 8\nlearning_rate: 1e-4\n"
+                    "optimizer: lion_8bit\n", encoding="utf-8")
+    imported = axolotl.read(path)
+    spec = checked(imported)
+    assert spec.lora.targets == ["q_proj", "v_proj"]
+    assert spec.optimizer == "adamw"
+    assert "no tunecast equivalent" in reason(imported, "optimizer")
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("base_model: m\nadapter: lora\nload_in_8bit: true\n", "8-bit"),
+    ("base_model: m\nadapter: llama-adapter\n", "llama-adapter"),
+    ("base_model: m\nadapter: qlora\n", "load_in_4bit"),
+])
+def test_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "bad.yml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TunecastError, match=match):
+        axolotl.read(path)
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(TunecastError, match="does not exist"):
+        axolotl.read(tmp_path / "missing.yml")
+    (tmp_path / "list.yml").write_text("- a\n- b\n", encoding="utf-8")
+    with pytest.raises(TunecastError, match="mapping"):
+        axolotl.read(tmp_path / "list.yml")
+    (tmp_path / "broken.yml").write_text("base_model: [a\n", encoding="utf-8")
+    with pytest.raises(TunecastError, match="YAML"):
+        axolotl.read(tmp_path / "broken.yml")

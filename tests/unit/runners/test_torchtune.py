@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tests.unit.runners.helpers import DATA, checked, reason
+
+from tunecast.errors import TunecastError
+from tunecast.runners import torchtune
+
+
+def test_lora_single_device_with_a_local_dataset() -> None:
+    imported = torchtune.read(DATA / "torchtune" / "lora_single_device.yaml")
+    spec = checked(imported)
+    assert (spec.runner, spec.model, spec.method) == ("torchtune", "Qwen/Qwen2.5-7B", "lora")
+    assert spec.lora.targets == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert (spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.fp32_adapters) == (16, 32, 0.05, False)
+    assert (spec.seq_len, spec.packing, spec.micro_batch, spec.grad_accum) == (2048, True, 4, 4)
+    assert (spec.optimizer, spec.learning_rate, spec.weight_decay) == ("adamw", 2e-4, 0.01)
+    assert (spec.schedule, spec.warmup_steps, spec.epochs, spec.max_steps) == ("cosine", 50, 2.0, 200)
+    assert (spec.precision, spec.grad_checkpointing, spec.activation_offload) == ("bf16", True, True)
+    assert (spec.dataset.path, spec.dataset.format, spec.dataset.train_on) == \
+        (str((DATA / "torchtune" / "data" / "alpaca.jsonl").resolve()), "alpaca", "completion")
+    assert (spec.max_grad_norm, spec.seed) == (1.0, 11)
+
+
+def test_qlora_single_device() -> None:
+    imported = torchtune.read(DATA / "torchtune" / "qlora_single_device.yaml")
+    spec = checked(imported)
+    assert (spec.model, spec.method) == ("meta-llama/Llama-3.1-8B", "qlora")
+    assert spec.lora.targets == ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert (spec.optimizer, spec.lora.dropout) == ("adamw-foreach", 0.0)
+    assert "set seq_len" in reason(imported, "tokenizer.max_seq_len")
+    assert "Hub dataset" in reason(imported, "dataset._component_")
+
+
+def test_full_single_device() -> None:
+    spec = checked(torchtune.read(DATA / "torchtune" / "full_single_device.yaml"))
+    assert (spec.model, spec.method, spec.optimizer, spec.optimizer_in_backward) == \
+        ("meta-llama/Llama-3.2-1B", "full", "paged-adamw-8bit", True)
+    assert (spec.precision, spec.grad_checkpointing, spec.seq_len, spec.epochs) == ("bf16", False, 1024, 3.0)
+
+
+def test_unknown_builder(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_9b\n", encoding="utf-8")
+    with pytest.raises(TunecastError, match="lora_llama3_1_9b"):
+        torchtune.read(path)
+
+
+def test_missing_builder(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("batch_size: 2\n", encoding="utf-8")
+    with pytest.raises(TunecastError, match="builder is missing"):
+        torchtune.read(path)
