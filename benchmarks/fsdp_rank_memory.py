@@ -42,6 +42,12 @@ CASES = {
     "Qwen2.5-0.5B, LoRA r16, fp32, 1 × 256": ("Qwen/Qwen2.5-0.5B", {"method": "lora", "lora": {"rank": 16},
                                                                     "precision": "fp32", "micro_batch": 1,
                                                                     "seq_len": 256}),
+    # the root unit (a tied 152k embedding) is a quarter of the weights: its gradients stay whole through the backward
+    "Qwen2.5-0.5B, full, fp32, 1 × 256": ("Qwen/Qwen2.5-0.5B", {"method": "full", "precision": "fp32",
+                                                                "micro_batch": 1, "seq_len": 256}),
+    "GPT-2, full, fp32, checkpointing, 2 × 512": ("openai-community/gpt2", {"method": "full", "precision": "fp32",
+                                                                            "micro_batch": 2, "seq_len": 512,
+                                                                            "grad_checkpointing": True}),
 }
 OUT = REPO / "docs" / "benchmarks" / "fsdp-rank-memory.md"
 

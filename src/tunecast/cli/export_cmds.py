@@ -1,5 +1,6 @@
-"""`tunecast export skypilot` (a SkyPilot task for this training) and `tunecast export accelerate` (an
-accelerate config for its strategy). GPU, count and strategy default to the plan's best option."""
+"""`tunecast export skypilot` (a SkyPilot task for this training), `tunecast export accelerate` (an
+accelerate config for its strategy), `tunecast export axolotl|llamafactory` (the run in that tool's format). GPU,
+count, strategy (and for the tools' configs the batch shape) default to the plan's best option."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, out, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import LoadedSpec
+from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 
 export_app = typer.Typer(help="Write what other tools need to run this training: a SkyPilot task, an accelerate "
-                              "config.", no_args_is_help=True)
+                              "config, an axolotl or LLaMA-Factory config.", no_args_is_help=True)
 
 OutFile = Annotated[Path | None, typer.Option("--out", "-o", metavar="FILE",
                                               help="Write to FILE instead of standard output.")]
@@ -136,7 +138,124 @@ def accelerate_command(
     _write(yaml.safe_dump(document, sort_keys=False), out_file)
 
 
+def _planned_spec(ctx: typer.Context, loaded: LoadedSpec) -> tuple[RunSpec, str]:
+    """The run as the plan chose it: its best option's GPUs, strategy, batch shape, checkpointing and the changes it
+    made (plan.allow); the config as it is when it fixes the GPU, the count and the micro-batch."""
+    from tunecast.plan.planner import ALLOWED_CHANGES
+
+    spec = loaded.spec
+    if spec.gpus.gpu is not None and spec.fixed("gpus.count") and spec.fixed("micro_batch"):
+        return spec, "the config"
+    best = _best(ctx, loaded)
+    changes: dict[str, Any] = {"gpus.gpu": best["gpu"], "gpus.count": int(best["gpu_count"]),
+                               "micro_batch": best["micro_batch"], "grad_checkpointing": best["grad_checkpointing"]}
+    if best["strategy"]:
+        changes["gpus.strategy"] = best["strategy"]
+    if spec.global_batch is None:
+        changes["grad_accum"] = best["grad_accum"]
+    for name in best["changes"]:
+        changes.update(dict(ALLOWED_CHANGES)[name])
+    chosen = (f"the plan's best option: {best['gpu_count']} × {best['gpu']} ({best['provider']}, "
+              f"${best['total_usd']:,.2f} in {best['hours']:.1f} h)")
+    return spec.with_changes(changes), chosen
+
+
+def _tool_spec(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, tool: str) -> tuple[RunSpec, str]:
+    """The config planned as `tool` runs it (its runner), then chosen as the plan chooses."""
+    from tunecast.config.load import Override
+
+    with_runner = SpecArgs([Override("runner", tool, f"export {tool}"), *spec_args.overrides],
+                           spec_args.allow_download, spec_args.source)
+    spec, chosen_by = _planned_spec(ctx, load_from_cli(ctx, config, with_runner))
+    if spec.dataset.path is not None and spec.dataset.format == "auto":  # the tools name the layout
+        from tunecast.data.formats import detect_format
+        from tunecast.data.readers import Row, read_rows
+
+        rows = (row.data for _, row in zip(range(1000), read_rows(spec.dataset.path), strict=False)
+                if isinstance(row, Row))
+        detected = detect_format(rows)
+        err.print(f"dataset.format: {detected.explanation}")
+        spec = spec.with_changes({"dataset.format": detected.format})
+    return spec, chosen_by
+
+
+@spec_command(without=("output",))  # type: ignore[untyped-decorator]
+def axolotl_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    out_file: OutFile = None,
+    *,
+    spec_args: SpecArgs,
+) -> None:
+    """An axolotl config of this run, as the plan chose it for axolotl's step (GPUs, batch shape, checkpointing):
+    `axolotl train FILE`. What axolotl cannot express is an error naming the key."""
+    import yaml
+
+    from tunecast.runners.export import to_axolotl
+
+    spec, chosen_by = _tool_spec(ctx, config, spec_args, "axolotl")
+    document = to_axolotl(spec)
+    err.print(f"{spec.gpus.count} × {spec.gpus.gpu or 'any GPU'}, micro_batch {spec.micro_batch}: {chosen_by}")
+    _write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), out_file)
+
+
+@spec_command(without=("output",))  # type: ignore[untyped-decorator]
+def llamafactory_command(
+    ctx: typer.Context,
+    config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
+    = None,
+    out_file: OutFile = None,
+    *,
+    spec_args: SpecArgs,
+) -> None:
+    """A LLaMA-Factory config of this run, as the plan chose it for LLaMA-Factory's step: `llamafactory-cli train
+    FILE`. LLaMA-Factory names datasets in a dataset_info.json: the dataset file's entry is added to the one in its
+    folder (made when there is none; an entry of the same name that differs is an error, never overwritten)."""
+    import yaml
+
+    from tunecast.runners.export import llamafactory_dataset_info, to_llamafactory
+
+    spec, chosen_by = _tool_spec(ctx, config, spec_args, "llamafactory")
+    document = to_llamafactory(spec)
+    registered = llamafactory_dataset_info(spec)
+    if registered:
+        _register_dataset(Path(document["dataset_dir"]) / "dataset_info.json", registered)
+    err.print(f"{spec.gpus.count} × {spec.gpus.gpu or 'any GPU'}, micro_batch {spec.micro_batch}: {chosen_by}")
+    _write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), out_file)
+
+
+def _register_dataset(path: Path, entries: dict[str, Any]) -> None:
+    """Add `entries` to LLaMA-Factory's dataset_info.json at `path`, keeping every entry already there."""
+    import json
+
+    from tunecast.atomic import write_user_file
+
+    known: dict[str, Any] = {}
+    if path.exists():
+        try:
+            known = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise TunecastError(f"cannot read {path}: {error}", field="dataset.path",
+                                hint="fix or move that dataset_info.json; the export adds the dataset's entry to it"
+                                ) from None
+        if not isinstance(known, dict):
+            raise TunecastError(f"{path} does not hold a mapping of dataset names", field="dataset.path",
+                                hint="fix or move that dataset_info.json")
+    for name, entry in entries.items():
+        if name in known and known[name] != entry:
+            raise TunecastError(f"{path} already names a dataset {name!r}, with another definition",
+                                field="dataset.path",
+                                hint="rename the dataset file, or remove that entry if it is stale")
+    if all(name in known for name in entries):
+        return
+    write_user_file(path, json.dumps({**known, **entries}, indent=2) + "\n", field="dataset.path")
+    err.print(f"registered {', '.join(entries)} in {path}")
+
+
 def register(app: typer.Typer) -> None:
     export_app.command("skypilot")(skypilot_command)
     export_app.command("accelerate")(accelerate_command)
+    export_app.command("axolotl")(axolotl_command)
+    export_app.command("llamafactory")(llamafactory_command)
     app.add_typer(export_app, name="export")

@@ -122,7 +122,7 @@ def llamafactory_dataset_info(spec: RunSpec) -> dict[str, Any]:
 
 
 def _cannot(key: str, tool: str, why: str, hint: str | None = None) -> TunecastError:
-    return TunecastError(f"{key} cannot be written as a {tool} config: {why}", field=key,
+    return TunecastError(f"{key} cannot be written in {tool}'s config: {why}", field=key,
                          hint=hint or f"change {key}, or edit the {tool} config by hand after exporting")
 
 

@@ -6,8 +6,10 @@ the version read, listed in docs/runners.md with the research behind it in docs/
 * Step variants (estimate/settings.py STEP_VARIANTS): what the tool's step does to the tensors it holds — the
   dtype it leaves a 4-bit model's other weights in, the autocast it runs under, the copies of the logits it
   returns, its loss. The tracer runs these, so their memory is traced, not guessed.
-* Defaults: the RunSpec keys the tool's own defaults set when the config leaves them unset (its optimizer,
-  whether it checkpoints, its sequence length, its adapters' dtype). A key the config or a flag sets wins.
+* Defaults: how the tool runs a step where the config leaves it unset (its optimizer, whether it checkpoints or
+  offloads, its master weights' and adapters' dtype). A key the config or a flag sets wins. What the run is — its
+  batch, length, epochs, learning rate — stays the config's: a tool's defaults for those are read with its own
+  config (`--from`, runners/<tool>.py), not imposed on a tunecast one.
 
 What a runner does that the trace cannot run is listed in `unmodelled`, and said with every estimate.
 `tunecast` is the runner tunecast trains with; the others are for estimates (`memory`, `plan`, `train --dry-run`).
@@ -38,8 +40,6 @@ class Default:
     single_gpu: bool = False
 
     def applies(self, spec: RunSpec) -> bool:
-        if self.key == "epochs" and spec.max_steps is not None:  # a number of steps overrides the epochs
-            return False
         return spec.method in self.methods and (not self.single_gpu or spec.gpus.count == 1)
 
 
@@ -105,7 +105,6 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
                     "base_config.py)"),
             Default("lora.fp32_adapters", False, "a 4-bit model's trainable parameters are cast to bf16 "
                     "(trl/trainer/sft_trainer.py, after get_peft_model)", methods=("qlora",)),
-            Default("learning_rate", 2e-5, "SFTConfig.learning_rate (trl/trainer/sft_config.py)"),
         ),
         sources=(_ACCELERATE, "SFTTrainer adds a fused LM head to the model (trl/trainer/utils.py add_fused_lm_head; "
                  "trl/kernels/chunked_logprob.py ChunkedLogProbFunction): TRL 1.7-1.14 computed the loss in "
@@ -117,9 +116,6 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         defaults=(
             Default("optimizer", "adamw", "optimizer defaults to adamw_torch_fused (axolotl "
                     "utils/schemas/training.py)"),
-            Default("micro_batch", 1, "micro_batch_size defaults to 1 (axolotl utils/schemas/config.py)"),
-            Default("seq_len", 512, "sequence_len defaults to 512 (axolotl utils/schemas/config.py)"),
-            Default("epochs", 1.0, "num_epochs defaults to 1 (axolotl utils/schemas/config.py)"),
         ),
         sources=(_ACCELERATE, "QLoRA: embeddings, head and norms are cast to fp32 for "
                  "prepare_model_for_kbit_training and back to the model's dtype afterwards "
@@ -137,7 +133,6 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
                     "hparams/model_args.py; model/model_utils/checkpointing.py prepare_model_for_training)"),
             Default("precision", "bf16-mixed", "full fine-tuning upcasts every trainable parameter to fp32 unless "
                     "pure_bf16 (LLaMA-Factory model/adapter.py _setup_full_tuning)", methods=("full",)),
-            Default("seq_len", 2048, "cutoff_len defaults to 2048 (LLaMA-Factory hparams/data_args.py)"),
         ),
         sources=(_ACCELERATE, "QLoRA keeps the weights that are not 4-bit in the model's dtype: "
                  "upcast_layernorm and upcast_lmhead_output default to false (LLaMA-Factory hparams/model_args.py)"),
@@ -152,9 +147,6 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
                     "memory (unsloth_zoo/gradient_checkpointing.py Unsloth_Offloaded_Gradient_Checkpointer)"),
             Default("optimizer", "adamw-8bit", "optim='adamw_8bit' in unsloth's generated trainer configs "
                     "(unsloth models/rl.py)"),
-            Default("micro_batch", 4, "per_device_train_batch_size=4 in unsloth's generated trainer configs "
-                    "(unsloth models/rl.py)"),
-            Default("seq_len", 2048, "max_seq_length=2048 (unsloth models/loader.py from_pretrained)"),
         ),
         sources=("the Llama-family forward computes the loss with unsloth's fused cross-entropy and returns no "
                  "logits (unsloth models/llama.py; unsloth_zoo/fused_losses/cross_entropy_loss.py)",
