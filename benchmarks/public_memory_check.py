@@ -4,6 +4,12 @@ Reads benchmarks/data/memory-measured.csv (a copy of shared/reference/memory-mea
 whose method and optimizer a RunSpec can express is estimated; the others are listed with the reason.
 A row measured as out-of-memory is checked against the card's usable memory instead.
 
+A second table takes every row measured with a tool tunecast has a runner for (`framework`, FRAMEWORK_RUNNERS) and
+estimates it as that tool runs it (`runner:`), beside tunecast's own step. Flags a row leaves unknown are the
+runner's defaults; where the source says its figures come from the tool's published recipes without stating the
+flags, the recipe config of that model, method and GPU count (tests/data/runners/published/) is read with
+`--from` and given the row's batch and length.
+
 Run:  .venv/bin/python benchmarks/public_memory_check.py
 Writes the table between the public-measurements markers of docs/validation/memory.md.
 """
@@ -22,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "benchmarks" / "data" / "memory-measured.csv"
 DOC = REPO / "docs" / "validation" / "memory.md"
 MARK = "public-measurements"
+RUNNER_MARK = "public-runners"
 
 UNIT_BYTES = {"GB": 1e9, "GiB": 2**30, "MB": 1e6}
 PRECISION = {"bf16-true": "bf16", "bf16": "bf16"}
@@ -46,6 +53,91 @@ def spec_for(row: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
         targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",")]
         settings["lora"] = {"rank": int(row["lora_rank"]), "targets": targets, "alpha": 16}
     return settings, None
+
+
+# The runner that estimates each framework's step; frameworks without one are listed in the second table's notes.
+FRAMEWORK_RUNNERS = {"torchtune": "torchtune", "trl": "trl", "hf-trainer": "hf-trainer", "transformers": "hf-trainer",
+                     "transformers-trainer": "hf-trainer", "axolotl": "axolotl", "unsloth": "unsloth",
+                     "llamafactory": "llamafactory", "llama-factory": "llamafactory"}
+# torchtune's README table was measured with its published recipes (batch 2, length 2048, packed, compiled).
+RECIPES = {("torchtune", "meta-llama/Llama-3.1-8B", "lora", 1): "8B_lora_single_device.yaml",
+           ("torchtune", "meta-llama/Llama-3.1-8B", "qlora", 1): "8B_qlora_single_device.yaml",
+           ("torchtune", "meta-llama/Llama-3.1-8B", "full", 1): "8B_full_single_device.yaml",
+           ("torchtune", "meta-llama/Llama-3.1-70B", "lora", 8): "70B_lora.yaml"}
+PUBLISHED = REPO / "tests" / "data" / "runners" / "published"
+
+
+def runner_config(row: dict[str, str], runner: str) -> tuple[dict[str, Any] | None, str]:
+    """The tunecast config of a row as its tool ran it, and how it was made; None when it cannot be made."""
+    recipe = RECIPES.get((runner, row["model"], row["method"], int(row["gpus"])))
+    flags_unknown = "unknown" in (row["optimizer"], row["grad_checkpointing"]) or (
+        row["method"] != "full" and not row["lora_rank"])
+    if flags_unknown and recipe is not None:
+        from tunecast.runners.imported import read_config
+
+        config = read_config(runner, PUBLISHED / runner / recipe).config
+        config.update(model=row["model"], micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]))
+        config["gpus"] = {**config.get("gpus", {}), "gpu": row["gpu"], "count": int(row["gpus"])}
+        if int(row["gpus"]) > 1:
+            config["gpus"].setdefault("strategy", "fsdp")
+        return config, f"{runner}'s published {recipe} at the row's batch and length"
+    if flags_unknown and (row["method"] != "full" and not row["lora_rank"]):
+        return None, "LoRA rank not stated and no published recipe of this model and method"
+    config: dict[str, Any] = {
+        "model": row["model"], "runner": runner, "method": row["method"],
+        "precision": PRECISION.get(row["precision"], row["precision"]), "micro_batch": int(row["micro_batch"]),
+        "seq_len": int(row["seq_len"]), "gpus": {"gpu": row["gpu"], "count": int(row["gpus"])}}
+    if row["optimizer"] not in ("unknown", ""):
+        config["optimizer"] = row["optimizer"]
+    if row["grad_checkpointing"] not in ("unknown", ""):
+        config["grad_checkpointing"] = row["grad_checkpointing"] == "yes"
+    if row["method"] in ("lora", "qlora"):
+        targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",") if t.strip()]
+        config["lora"] = {"rank": int(row["lora_rank"]), **({"targets": targets} if targets else {})}
+    unknown = [flag for flag in ("optimizer", "grad_checkpointing") if row[flag] in ("unknown", "")]
+    return config, "the row's settings" + (f"; {', '.join(unknown)}: the runner's default" if unknown else "")
+
+
+def runner_rows(rows: list[dict[str, str]], catalog: Any) -> tuple[list[str], list[str]]:
+    """The second table: rows measured with a tool tunecast has a runner for, estimated as that tool runs it."""
+    from tunecast.config.spec import RunSpec
+    from tunecast.estimate.memory import estimate_memory
+    from tunecast.runners.profiles import apply_runner
+
+    lines = ["| row | framework | runner | configured from | measured GiB | as the runner runs it | error | "
+             "tunecast's own step | error |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    notes: list[str] = []
+    errors: list[float] = []
+    for row in rows:
+        runner = FRAMEWORK_RUNNERS.get(row["framework"].lower())
+        if runner is None or row["measured"] in ("OOM", "") or row["method"] not in ("full", "lora", "qlora"):
+            if runner is None and row["framework"] not in ("bitsandbytes",):
+                notes.append(f"- {row['id']}: {row['framework']} — no runner profile; estimated as tunecast's own "
+                             "step in the table above")
+            continue
+        model = catalog.models.find(row["model"])
+        config, how = runner_config(row, runner)
+        if config is None or model is None:
+            notes.append(f"- {row['id']}: {how if config is None else 'no published config.json in the catalog'}")
+            continue
+        gpu = catalog.gpus.get(row["gpu"])
+        spec = apply_runner(RunSpec.model_validate(config))
+        own = RunSpec.model_validate({**spec.model_dump(), "runner": "tunecast"})
+        reserved = row["metric"].startswith("max_memory_reserved")
+        figures = []
+        for each in (spec, own):
+            estimate = estimate_memory(each, model.data, device="cuda", gpu=gpu, overheads=catalog.overheads)
+            figures.append(estimate.peak_reserved_gib if reserved else estimate.peak_allocated_gib)
+        measured = float(row["measured"]) * UNIT_BYTES[row["unit"]] / 2**30
+        error, own_error = ((f - measured) / measured for f in figures)
+        errors.append(abs(error))
+        lines.append(f"| {row['id']} | {row['framework']} | {runner} | {how} | {measured:.2f} | {figures[0]:.2f} | "
+                     f"{error:+.1%} | {figures[1]:.2f} | {own_error:+.1%} |")
+        print(f"{row['id']} as {runner}: measured {measured:.2f} GiB, predicted {figures[0]:.2f} ({error:+.0%})",
+              flush=True)
+    summary = (f"Median absolute error of these rows: {statistics.median(errors):.1%} over {len(errors)} row(s) "
+               "(target: at most 10%)." if errors else "No row was measured with a tool tunecast has a runner for.")
+    return [*lines, "", summary], notes
 
 
 def accelerate_says(config: dict[str, Any], precision: str) -> float:
@@ -119,6 +211,11 @@ def main() -> int:
               "Skipped rows:", ""]
     lines += [f"- {row_id}: {reason}" for row_id, reason in skipped]
     write_section(DOC, MARK, "\n".join(lines))
+    table, notes = runner_rows(rows, catalog)
+    write_section(DOC, RUNNER_MARK, "\n".join([
+        f"Run with `.venv/bin/python benchmarks/public_memory_check.py` on {time.strftime('%Y-%m-%d')}: every row "
+        "measured with a tool tunecast has a runner for, estimated as that tool runs it (`--runner`), beside "
+        "tunecast's own step.", "", *table, "", "Other tools' rows:", "", *notes]))
     return 0
 
 

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 TINY = str(REPO / "examples" / "tiny-model")
 DATA = REPO / "tests" / "data" / "runners"
-SHAPE = ["--micro-batch", "2", "--seq-len", "128"]
+SHAPE = ["--micro-batch", "2", "--seq-len", "128", "--device", "cpu"]  # the CPU: no reserve ladder to trace
 
 
 @pytest.fixture(autouse=True)
@@ -58,11 +58,10 @@ def test_train_refuses_another_runner_and_dry_runs_it(cli, tmp_path: Path) -> No
     config = REPO / "examples" / "tiny-lora.yaml"
     refused = cli("train", str(config), "--runner", "trl", "--output", str(tmp_path / "run"))
     assert refused.code == 2 and "runner" in refused.stderr and not (tmp_path / "run").exists()
-    dry = cli("train", str(config), "--dry-run", "--runner", "trl", "--gpu", "rtx-4090", "--output",
-              str(tmp_path / "run"), "--json")
+    dry = cli("train", str(config), "--dry-run", "--runner", "trl", "--output", str(tmp_path / "run"), "--json")
     assert dry.code == 0, dry.stderr
     document = dry.json()
-    assert document["dry_run"] is True and document["runner"] == "trl" and document["device"] == "rtx-4090"
+    assert document["dry_run"] is True and document["runner"] == "trl" and document["device"] == "the CPU"
     assert document["micro_batch"] * document["grad_accum"] == 8 and document["steps"] == 40
     assert document["grad_checkpointing"] is True  # TRL checkpoints by default
     assert document["resume_step"] is None and not (tmp_path / "run").exists()  # nothing written
@@ -73,12 +72,15 @@ def test_export_axolotl_reads_back_as_the_same_run(cli, tmp_path: Path) -> None:
     source.write_text(yaml.safe_dump({
         "model": TINY, "method": "lora", "lora": {"rank": 8, "alpha": 16, "targets": ["q_proj", "v_proj"]},
         "precision": "bf16", "micro_batch": 2, "grad_accum": 2, "seq_len": 128, "grad_checkpointing": True,
-        "gpus": {"gpu": "rtx-4090", "count": 1}}))
+        "gpus": {"gpu": "rtx-4090", "count": 1}}))  # GPU, count and micro-batch fixed: exported as they are
     exported = tmp_path / "axolotl.yml"
     assert cli("export", "axolotl", str(source), "-o", str(exported)).code == 0
     assert yaml.safe_load(exported.read_text())["adapter"] == "lora"
-    direct = cli("memory", str(source), "--runner", "axolotl", "--json").json()
-    back = cli("memory", "--from", "axolotl", str(exported), "--gpu", "rtx-4090", "--json").json()
+    plain = yaml.safe_load(source.read_text())
+    del plain["gpus"]
+    source.write_text(yaml.safe_dump(plain))  # a CPU estimate takes no GPU
+    direct = cli("memory", str(source), "--runner", "axolotl", "--device", "cpu", "--json").json()
+    back = cli("memory", "--from", "axolotl", str(exported), "--device", "cpu", "--json").json()
     for key in ("device_total_gib", "micro_batch", "seq_len", "grad_checkpointing", "method", "runner"):
         assert back[key] == direct[key], key
 

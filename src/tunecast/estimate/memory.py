@@ -57,6 +57,10 @@ OFFLOAD_RESIDENT_LAYERS = 2
 # 1024, 1536, …), and the sliding window (where the masks change).
 RESERVE_MIN_SEQ = 512
 
+# A backward-phase peak whose activations are at most this share of it is taken to come at the end of the backward
+# pass (what is left are a few small tensors: token ids, masks), which decides what FSDP2 holds gathered there.
+ENDED_ACTIVATIONS = 0.01
+
 
 @dataclass
 class PhaseMemory:
@@ -352,30 +356,34 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
         b = memory.breakdown
         whole = b["trainable_weights"] if spec.method == "full" else b["weights"]
         root = max(0.0, whole - layers * facts.layer_bytes)
-        passes = phase != "optimizer"
+        # A backward peak with (next to) no activation left comes at the end of the backward pass (checkpointed or
+        # full fine-tuning runs, whose gradients pile up): every layer is resharded by then, only the root gathered.
+        ended = phase == "backward" and b["activations"] <= ENDED_ACTIVATIONS * sum(b.values())
+        traced_gradients = b["gradients"]
         if count > 1:
-            gathered = whole if not shard_weights else root + 2 * facts.layer_bytes
+            gathered = root if ended else (whole if not shard_weights else root + 2 * facts.layer_bytes)
             b["weights"] /= count
             b["trainable_weights"] /= count
             b["quantization"] /= count
-            if passes:
+            if phase != "optimizer":
                 b["temporaries"] += gathered
-        traced_gradients = b["gradients"]
         b["gradients"] /= count
         b["optimizer"] /= count
-        if phase == "backward" and count > 1:
+        if phase != "backward" or count == 1:
+            continue
+        if not ended:
             # A layer's gradients before their reduce-scatter: all its weights' in full fine-tuning, its adapters'
             # otherwise (the adapters of one layer: the trainable elements spread over the layers).
             layer_trainable = facts.layer_numel if spec.method == "full" else facts.trainable_numel / max(layers, 1)
             b["temporaries"] += layer_trainable * grad_bytes
-            if spec.method == "full":
-                # The root unit's gradients stay whole until the backward pass ends: its inputs (token ids) need
-                # no gradient, so FSDP2 reduce-scatters them in its final callback (torch/distributed/fsdp/
-                # _fully_shard/_fsdp_state.py, _root_post_backward_final_callback). The output head's gradient
-                # is the first one the backward pass makes, so of the gradients live at the traced peak, up to
-                # the root's size are the root's; none are when the peak comes before any gradient exists (the
-                # usual peak without checkpointing, at the start of the backward pass).
-                b["temporaries"] += min(traced_gradients, root) * (1 - 1 / count)
+        if spec.method == "full":
+            # The root unit's gradients stay whole until the backward pass ends: its inputs (token ids) need no
+            # gradient, so FSDP2 reduce-scatters them in its final callback (torch/distributed/fsdp/_fully_shard/
+            # _fsdp_state.py, _root_post_backward_final_callback). The output head's gradient is the first one the
+            # backward pass makes, so of the gradients live at the traced peak, up to the root's size are the root's;
+            # none are when the peak comes before any gradient exists (without checkpointing, usually at the start
+            # of the backward pass).
+            b["temporaries"] += min(traced_gradients, root) * (1 - 1 / count)
     offloaded = 0.0
     if gpus.offload in ("optimizer", "params"):
         offloaded += max(memory.breakdown["optimizer"] for memory in step.phases.values())

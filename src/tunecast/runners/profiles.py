@@ -162,6 +162,9 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         defaults=(
             Default("lora.fp32_adapters", False, "the model and its adapters are built in the recipe's dtype "
                     "(torchtune recipes/lora_finetune_single_device.py, training.set_default_dtype)"),
+            Default("grad_checkpointing", True, "enable_activation_checkpointing: True in the published Llama 3.1 "
+                    "8B and 70B recipe configs (recipes/configs/llama3_1; the recipes' own default is False, and "
+                    "the 1B configs turn it off)"),
             Default("optimizer", "paged-adamw-8bit", "8B_full_single_device.yaml: bitsandbytes PagedAdamW8bit",
                     methods=("full",), single_gpu=True),
             Default("optimizer_in_backward", True, "8B_full_single_device.yaml: optimizer_in_bwd: True",
@@ -200,3 +203,33 @@ def apply_runner(spec: RunSpec) -> RunSpec:
         own |= {key.partition(".")[2] for key in changes if key.startswith(f"{section}.")}
         object.__setattr__(getattr(updated, section), "__pydantic_fields_set__", own)
     return updated
+
+
+def differences_table() -> str:
+    """Every runner's differences from tunecast's step, with sources, as Markdown (docs/runners.md holds it; a test
+    keeps the two equal)."""
+    from tunecast.estimate.settings import STEP_VARIANTS
+
+    lines = ["| runner | modelled version | step, as traced | defaults for unset keys | not modelled |",
+             "|---|---|---|---|---|"]
+    for runner in RUNNERS.values():
+        if runner.name == "tunecast":
+            continue
+        steps = [f"`{v}` (always): {STEP_VARIANTS[v]}" for v in runner.step]
+        steps += [f"`{v}` (bf16, bf16-mixed, fp16-mixed): {STEP_VARIANTS[v]}" for v in runner.mixed_step]
+        steps += [f"`{v}` (QLoRA): {STEP_VARIANTS[v]}" for v in runner.qlora_step]
+        defaults = []
+        for default in runner.defaults:
+            limits = [] if default.methods == ("full", "lora", "qlora") else list(default.methods)
+            limits += ["one GPU"] if default.single_gpu else []
+            where = f" ({', '.join(limits)})" if limits else ""
+            defaults.append(f"`{default.key}: {_text(default.value)}`{where} — {default.source}")
+        cells = [f"`{runner.name}` ({runner.label})", runner.version,
+                 "<br>".join(steps + [f"source: {text}" for text in runner.sources]) or "—",
+                 "<br>".join(defaults) or "—", "<br>".join(runner.unmodelled) or "—"]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
