@@ -95,7 +95,10 @@ def main() -> int:
         *rows, "",
         "The estimate counts each rank's shards, the root unit (embeddings, final norm, head) gathered for the "
         "whole forward and backward pass, two decoder layers gathered (the one computed and the one prefetched), "
-        "and a layer's gradients before their reduce-scatter (estimate/memory.py, `_apply_strategy`).", ""]))
+        "a layer's gradients before their reduce-scatter (its adapters' for LoRA), and in full fine-tuning the root's "
+        "gradients whole until the backward pass ends (FSDP2 reduce-scatters them in its final callback); a backward "
+        "peak with no activation left is the end of the backward pass, where only the root is gathered "
+        "(estimate/memory.py, `_apply_strategy`).", ""]))
     return 0
 
 

@@ -190,14 +190,10 @@ def axolotl_command(
 ) -> None:
     """An axolotl config of this run, as the plan chose it for axolotl's step (GPUs, batch shape, checkpointing):
     `axolotl train FILE`. What axolotl cannot express is an error naming the key."""
-    import yaml
-
     from tunecast.runners.export import to_axolotl
 
     spec, chosen_by = _tool_spec(ctx, config, spec_args, "axolotl")
-    document = to_axolotl(spec)
-    err.print(f"{spec.gpus.count} × {spec.gpus.gpu or 'any GPU'}, micro_batch {spec.micro_batch}: {chosen_by}")
-    _write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), out_file)
+    _write_tool_config(spec, chosen_by, to_axolotl(spec), out_file)
 
 
 @spec_command(without=("output",))  # type: ignore[untyped-decorator]
@@ -212,8 +208,6 @@ def llamafactory_command(
     """A LLaMA-Factory config of this run, as the plan chose it for LLaMA-Factory's step: `llamafactory-cli train
     FILE`. LLaMA-Factory names datasets in a dataset_info.json: the dataset file's entry is added to the one in its
     folder (made when there is none; an entry of the same name that differs is an error, never overwritten)."""
-    import yaml
-
     from tunecast.runners.export import llamafactory_dataset_info, to_llamafactory
 
     spec, chosen_by = _tool_spec(ctx, config, spec_args, "llamafactory")
@@ -221,6 +215,12 @@ def llamafactory_command(
     registered = llamafactory_dataset_info(spec)
     if registered:
         _register_dataset(Path(document["dataset_dir"]) / "dataset_info.json", registered)
+    _write_tool_config(spec, chosen_by, document, out_file)
+
+
+def _write_tool_config(spec: RunSpec, chosen_by: str, document: dict[str, Any], out_file: Path | None) -> None:
+    import yaml
+
     err.print(f"{spec.gpus.count} × {spec.gpus.gpu or 'any GPU'}, micro_batch {spec.micro_batch}: {chosen_by}")
     _write(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), out_file)
 

@@ -63,13 +63,6 @@ def _adapter(m: Mapper, key: str, value: Any) -> None:
     m.put(key, "method", "qlora" if value == "qlora" else "lora")
 
 
-def _quantized(m: Mapper, key: str, value: Any) -> None:
-    if value:
-        m.put(key, "method", "qlora")
-    else:
-        m.skip(key, value, "false: the base weights are not quantized")
-
-
 def _targets_linear(m: Mapper, key: str, value: Any) -> None:
     if value:
         m.put(key, "lora.targets", "all-linear")
@@ -226,7 +219,7 @@ def _liger_loss(m: Mapper, key: str, value: Any) -> None:
 
 
 _HANDLERS: dict[str, mp.Handler] = {
-    "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": _quantized,
+    "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": mp.four_bit,
     "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"),
     "lora_target_linear": _targets_linear, "lora_target_modules": _targets,
     "lora_modules_to_save": mp.to("lora.modules_to_save"), "peft_use_dora": mp.flag("lora.dora"),

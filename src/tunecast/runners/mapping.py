@@ -200,6 +200,14 @@ def flag(key: str) -> Handler:
     return to(key, bool)
 
 
+def four_bit(m: Mapper, tool_key: str, value: Any) -> None:
+    """`load_in_4bit`: QLoRA when true."""
+    if value:
+        m.put(tool_key, "method", "qlora")
+    else:
+        m.skip(tool_key, value, "false: the base weights are not quantized")
+
+
 def hf_optimizer(m: Mapper, tool_key: str, value: Any, default: str) -> None:
     name = str(value).lower()
     if name in HF_OPTIMIZERS:

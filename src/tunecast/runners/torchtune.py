@@ -260,5 +260,8 @@ _QUIET: dict[str, str] = {
                     NO_EFFECT),
     **dict.fromkeys(("metric_logger", "log_every_n_steps", "log_peak_memory_stats", "log_level", "profiler"),
                     LOGGING),
+    **dict.fromkeys(("run_val_every_n_steps", "dataset_val", "batch_size_val"),
+                    "validation on a dataset of its own: tunecast's evaluation holds out eval.examples of the "
+                    "training file (set eval.examples and eval.every_steps to count its time)"),
     "compile": "torch.compile is not modelled: the estimate is of the eager step (a little high in memory and time)",
 }

@@ -54,13 +54,6 @@ def _use_peft(m: Mapper, key: str, value: Any) -> None:
         m.put(key, "method", "full")
 
 
-def _four_bit(m: Mapper, key: str, value: Any) -> None:
-    if value:
-        m.put(key, "method", "qlora")
-    else:
-        m.skip(key, value, "false: the base weights are not quantized")
-
-
 def _targets(m: Mapper, key: str, value: Any) -> None:
     m.put(key, "lora.targets", "all-linear" if value in ("all-linear", ["all-linear"]) else value)
 
@@ -170,7 +163,7 @@ def _precision(m: Mapper, data: dict[str, Any]) -> None:
 
 _HANDLERS: dict[str, mp.Handler] = {
     "model_name_or_path": mp.to("model"), "attn_implementation": _attention, "use_peft": _use_peft,
-    "load_in_4bit": _four_bit, "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"),
+    "load_in_4bit": mp.four_bit, "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"),
     "lora_dropout": mp.to("lora.dropout"), "lora_target_modules": _targets,
     "lora_modules_to_save": mp.to("lora.modules_to_save"), "use_dora": mp.flag("lora.dora"),
     "dataset_name": _dataset_name, "datasets": _datasets, "max_length": _max_length, "max_seq_length": _max_length,
