@@ -59,7 +59,8 @@ def spec_for(row: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
 FRAMEWORK_RUNNERS = {"torchtune": "torchtune", "trl": "trl", "hf-trainer": "hf-trainer", "transformers": "hf-trainer",
                      "transformers-trainer": "hf-trainer", "axolotl": "axolotl", "unsloth": "unsloth",
                      "llamafactory": "llamafactory", "llama-factory": "llamafactory"}
-# torchtune's README table was measured with its published recipes (batch 2, length 2048, packed, compiled).
+# torchtune's README table was measured with its published recipes: "all the below numbers are provided for batch
+# size 2 (without gradient accumulation), a dataset packed to sequence length 2048, and torch compile enabled".
 RECIPES = {("torchtune", "meta-llama/Llama-3.1-8B", "lora", 1): "8B_lora_single_device.yaml",
            ("torchtune", "meta-llama/Llama-3.1-8B", "qlora", 1): "8B_qlora_single_device.yaml",
            ("torchtune", "meta-llama/Llama-3.1-8B", "full", 1): "8B_full_single_device.yaml",
@@ -76,11 +77,12 @@ def runner_config(row: dict[str, str], runner: str) -> tuple[dict[str, Any] | No
         from tunecast.runners.imported import read_config
 
         config = read_config(runner, PUBLISHED / runner / recipe).config
-        config.update(model=row["model"], micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]))
+        config.update(model=row["model"], micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+                      compile=True)
         config["gpus"] = {**config.get("gpus", {}), "gpu": row["gpu"], "count": int(row["gpus"])}
         if int(row["gpus"]) > 1:
             config["gpus"].setdefault("strategy", "fsdp")
-        return config, f"{runner}'s published {recipe} at the row's batch and length"
+        return config, f"{runner}'s published {recipe} at the row's batch and length, compiled"
     if flags_unknown and (row["method"] != "full" and not row["lora_rank"]):
         return None, "LoRA rank not stated and no published recipe of this model and method"
     config: dict[str, Any] = {
@@ -94,6 +96,8 @@ def runner_config(row: dict[str, str], runner: str) -> tuple[dict[str, Any] | No
     if row["method"] in ("lora", "qlora"):
         targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",") if t.strip()]
         config["lora"] = {"rank": int(row["lora_rank"]), **({"targets": targets} if targets else {})}
+    if "torch.compile" in row["notes"]:
+        config["compile"] = True
     unknown = [flag for flag in ("optimizer", "grad_checkpointing") if row[flag] in ("unknown", "")]
     return config, "the row's settings" + (f"; {', '.join(unknown)}: the runner's default" if unknown else "")
 

@@ -41,6 +41,10 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
         add("optimizer_in_backward", "steps the optimizer in every backward pass, so gradients cannot be "
             f"accumulated over grad_accum = {spec.grad_accum} micro-batches",
             "set grad_accum to 1 (raise micro_batch instead) or optimizer_in_backward to false")
+    if spec.compile and spec.runner == "tunecast":
+        add("compile", "tunecast's own loop runs eager: a compiled step is estimated for another runner",
+            "set runner to the tool that compiles (torchtune, hf-trainer, trl, axolotl, llamafactory), or compile: "
+            "false")
     if spec.method == "qlora" and spec.precision == "fp8":
         add("precision", "fp8 matmuls cannot run on 4-bit QLoRA weights",
             "use precision bf16 with qlora, or method lora with fp8")

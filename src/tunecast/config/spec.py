@@ -286,6 +286,12 @@ class RunSpec(_Section):
     """`standard` (full logits, then cross-entropy) or `chunked` (logits and loss computed in chunks of
     tokens, never all at once). Default `standard`."""
 
+    compile: bool = False
+    """The step compiled with torch.compile, as the runner does it (torchtune's `compile`, the Trainer's
+    `torch_compile`): estimated for the cross-entropy, whose compiled backward keeps the logits in their own dtype and
+    one log-sum-exp per token instead of fp32 log-probabilities; the other fusions are not modelled (the estimate is a
+    little high). `tunecast train` runs eager, so this needs another `runner`. Default false."""
+
     runner: Runner = "tunecast"
     """The tool that runs the training step, whose memory and speed are estimated: `tunecast` (its own loop, the one
     `tunecast train` runs), `hf-trainer` (transformers Trainer with peft), `trl` (TRL's SFTTrainer), `axolotl`,

@@ -48,11 +48,13 @@ STEP_VARIANTS = {
                   "SFTTrainer since 1.15); no full logits",
     "output-chunks": "the loss in 8 chunks of tokens, each chunk's logits upcast to fp32 and kept for the backward "
                      "pass (torchtune's LinearCrossEntropyLoss); no full logits",
+    "compiled-loss": "the cross-entropy compiled (torch.compile): its backward keeps the logits in their own dtype "
+                     "and a log-sum-exp per token, not fp32 log-probabilities, and recomputes the softmax",
     "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
                     "the backward pass (unsloth's fused cross-entropy); no full logits",
 }
 # Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
-CHUNKING_VARIANTS = ("fused-head", "output-chunks", "fused-chunks")
+CHUNKING_VARIANTS = ("fused-head", "output-chunks", "fused-chunks", "compiled-loss")
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,7 @@ def _liger_loss(m: Mapper, key: str, value: Any) -> None:
 
 
 _HANDLERS: dict[str, mp.Handler] = {
+    "torch_compile": mp.flag("compile"),
     "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": mp.four_bit,
     "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"),
     "lora_target_linear": _targets_linear, "lora_target_modules": _targets,
@@ -269,7 +270,7 @@ _QUIET: dict[str, str] = {
                      "use_wandb", "use_mlflow", "use_comet", "profiler_steps"), LOGGING),
     **dict.fromkeys(("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel",
                      "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm",
-                     "liger_cross_entropy", "cut_cross_entropy", "torch_compile", "unsloth_lora_mlp",
+                     "liger_cross_entropy", "cut_cross_entropy", "unsloth_lora_mlp",
                      "unsloth_lora_qkv", "unsloth_lora_o", "unsloth_cross_entropy_loss",
                      "unsloth_rms_norm", "unsloth_rope", "xformers_attention", "flex_attention",
                      "s2_attention"), "a kernel " + _NOT_MODELLED + ": the estimate is of the standard layers (high)"),

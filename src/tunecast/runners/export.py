@@ -56,6 +56,8 @@ def to_axolotl(spec: RunSpec) -> dict[str, Any]:
         doc |= {"plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_fused_linear_cross_entropy": True}
     doc |= _warmup(spec) | _checkpoints(spec) | _eval_steps(spec, "axolotl")
     doc |= {"weight_decay": spec.weight_decay, "max_grad_norm": spec.max_grad_norm, "seed": spec.seed}
+    if spec.compile:
+        doc["torch_compile"] = True
     return doc | _axolotl_fsdp(spec)
 
 
@@ -97,6 +99,8 @@ def to_llamafactory(spec: RunSpec) -> dict[str, Any]:
     doc |= {"lr_scheduler_type": spec.schedule, **_warmup(spec), "weight_decay": spec.weight_decay,
             "max_grad_norm": spec.max_grad_norm, "optim": HF_OPTIMIZER_NAMES[spec.optimizer]}
     doc |= _llamafactory_precision(spec) | {"seed": spec.seed}
+    if spec.compile:
+        doc["torch_compile"] = True
     if spec.eval.examples:
         doc |= {"val_size": spec.eval.examples, "eval_strategy": "steps" if spec.eval.every_steps else "epoch",
                 **_eval_steps(spec, "LLaMA-Factory")}

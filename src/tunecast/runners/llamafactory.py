@@ -218,6 +218,7 @@ def _additional(m: Mapper, key: str, value: Any) -> None:
 
 
 _HANDLERS: dict[str, mp.Handler] = {
+    "torch_compile": mp.flag("compile"),
     "model_name_or_path": mp.to("model"), "stage": _stage, "finetuning_type": _finetuning,
     "quantization_bit": _quantization, "quantization_method": _quantization_method,
     "lora_rank": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"),
@@ -256,7 +257,7 @@ _QUIET: dict[str, str] = {
                      "include_tokens_per_second"), LOGGING),
     **dict.fromkeys(("use_galore", "use_apollo", "use_badam", "use_adam_mini", "use_muon", "use_llama_pro",
                      "use_unsloth", "loraplus_lr_ratio", "use_dft_loss", "use_eaft_loss", "use_asft_loss",
-                     "freeze_vision_tower", "freeze_multi_modal_projector", "torch_compile", "fp8"),
+                     "freeze_vision_tower", "freeze_multi_modal_projector", "fp8"),
                     "a method or kernel tunecast does not model: the estimate is of plain LoRA or full training"),
 }
 _QUIET["max_samples"] = ("limits the examples read: tunecast counts the whole file; set dataset.examples and "

@@ -25,6 +25,8 @@ from tunecast.config.spec import RunSpec
 # Precisions under which a tool built on the transformers Trainer runs accelerate's autocast (bf16=True or
 # fp16=True in its arguments; `bf16` here is bf16 weights with the Trainer's bf16=True).
 MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
+# Step variants that take the loss from the hidden states themselves (the model returns no logits).
+OWN_LOSSES = ("fused-head", "output-chunks", "fused-chunks")
 SECTIONS = ("lora", "dataset", "gpus", "checkpoint", "eval", "pricing", "plan")
 
 
@@ -56,13 +58,13 @@ class Runner:
     unmodelled: tuple[str, ...] = ()  # what the tool does that the estimate does not trace
 
     def variants(self, spec: RunSpec) -> tuple[str, ...]:
-        from tunecast.estimate.settings import CHUNKING_VARIANTS
-
         chosen = [*self.step, *(self.mixed_step if spec.precision in MIXED else ())]
         if spec.method == "qlora":
             chosen += self.qlora_step
-        if any(variant in CHUNKING_VARIANTS for variant in chosen):  # no logits are returned to copy
+        if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy
             chosen = [variant for variant in chosen if variant != "fp32-outputs"]
+        if spec.compile and not any(v in ("fused-head", "fused-chunks") for v in chosen):  # those hold no logits
+            chosen.append("compiled-loss")
         return tuple(dict.fromkeys(chosen))
 
     def notes(self, spec: RunSpec) -> list[str]:

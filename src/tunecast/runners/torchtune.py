@@ -246,6 +246,7 @@ _HANDLERS: dict[str, mp.Handler] = {
     "model": _model_section, "tokenizer": _tokenizer, "dataset": _dataset, "optimizer": _optimizer,
     "lr_scheduler": _scheduler, "batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
     "epochs": mp.to("epochs", float), "optimizer_in_bwd": mp.flag("optimizer_in_backward"), "dtype": _dtype,
+    "compile": mp.flag("compile"),
     "enable_activation_checkpointing": mp.flag("grad_checkpointing"),
     "enable_activation_offloading": mp.flag("activation_offload"), "clip_grad_norm": _clip, "seed": mp.to("seed"),
     "output_dir": mp.to("output"), "save_every_n_steps": mp.to("checkpoint.every_steps"),
@@ -263,5 +264,4 @@ _QUIET: dict[str, str] = {
     **dict.fromkeys(("run_val_every_n_steps", "dataset_val", "batch_size_val"),
                     "validation on a dataset of its own: tunecast's evaluation holds out eval.examples of the "
                     "training file (set eval.examples and eval.every_steps to count its time)"),
-    "compile": "torch.compile is not modelled: the estimate is of the eager step (a little high in memory and time)",
 }

@@ -162,6 +162,7 @@ def _precision(m: Mapper, data: dict[str, Any]) -> None:
 
 
 _HANDLERS: dict[str, mp.Handler] = {
+    "torch_compile": mp.flag("compile"),
     "model_name_or_path": mp.to("model"), "attn_implementation": _attention, "use_peft": _use_peft,
     "load_in_4bit": mp.four_bit, "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"),
     "lora_dropout": mp.to("lora.dropout"), "lora_target_modules": _targets,
@@ -197,7 +198,7 @@ _QUIET: dict[str, str] = {
     "fsdp_config": "FSDP details tunecast does not model: the strategy comes from `fsdp`",
     **dict.fromkeys(("logging_steps", "logging_strategy", "logging_first_step", "report_to", "run_name",
                      "logging_dir", "include_tokens_per_second"), LOGGING),
-    **dict.fromkeys(("use_liger_kernel", "torch_compile", "lora_target_parameters"),
+    **dict.fromkeys(("use_liger_kernel", "lora_target_parameters"),
                     "a kernel or method tunecast does not model: the estimate is of the standard layers"),
     "padding_free": "padding-free batches hold no padding: tunecast estimates padded batches unless packing (high)",
     "load_in_8bit": "false: the base weights are not 8-bit",

@@ -51,6 +51,15 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         chunked = True
         vocab = int(decoder_and_head(model)[1].weight.shape[0])
         chunks = max(1, -(-input_ids.numel() * vocab * 4 // UNSLOTH_CHUNK_BYTES))
+    if not chunked and "compiled-loss" in runner_step:
+        outputs = model(**inputs)
+        logits = outputs.logits  # (batch, seq, vocab): the model's own, kept for the backward pass
+        if fp32_outputs:
+            outputs["logits"] = logits.float()
+        shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        total = CompiledCrossEntropy.apply(logits.flatten(0, 1), shifted.flatten())
+        count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
+        return total / count
     if not chunked:
         if num_items is not None:
             inputs["num_items_in_batch"] = num_items
@@ -91,7 +100,11 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
     else:
         total = hidden.new_zeros((), dtype=torch.float32)
         for chunk, target in zip(tokens.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
-            total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+            if "compiled-loss" in runner_step:  # torchtune compiles each chunk's cross-entropy
+                total = total + CompiledCrossEntropy.apply(head(chunk), target)
+            else:
+                total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX,
+                                                reduction="sum")
     count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
     return total / count
 
@@ -157,3 +170,37 @@ def _in_tile(targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor,
     """Which targets fall in the vocabulary tile [start, end), and their column in it (0 for the others)."""
     inside = (targets >= start) & (targets < end) & (targets != IGNORE_INDEX)
     return inside, torch.where(inside, targets - start, 0)
+
+
+# Rows of logits a compiled cross-entropy's fused kernel works on at a time: its temporaries are per block, never of
+# the whole logits.
+COMPILED_ROWS = 64
+
+
+class CompiledCrossEntropy(torch.autograd.Function):  # type: ignore[misc]
+    """The memory of a cross-entropy under torch.compile (inductor fuses the upcast, the log-softmax and the loss):
+    the logits are kept in their own dtype with one fp32 log-sum-exp per row, and the backward pass recomputes the
+    softmax into a gradient of the logits' dtype. No fp32 copy of the logits exists; temporaries are a block of
+    COMPILED_ROWS rows at a time. Summed over rows whose target is not IGNORE_INDEX."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != IGNORE_INDEX
+        picked = logits.gather(1, torch.where(valid, targets, 0)[:, None]).squeeze(1).float()
+        lse = torch.empty(logits.shape[0], device=logits.device, dtype=torch.float32)
+        for first in range(0, logits.shape[0], COMPILED_ROWS):
+            lse[first:first + COMPILED_ROWS] = torch.logsumexp(logits[first:first + COMPILED_ROWS].float(), dim=-1)
+        ctx.save_for_backward(logits, targets, lse)
+        return torch.where(valid, lse - picked, 0.0).sum()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        logits, targets, lse = ctx.saved_tensors
+        grad_logits = torch.empty_like(logits)
+        for first in range(0, logits.shape[0], COMPILED_ROWS):
+            rows = slice(first, first + COMPILED_ROWS)
+            probs = (logits[rows].float() - lse[rows, None]).exp()  # softmax of the block, in fp32
+            valid = targets[rows] != IGNORE_INDEX
+            probs.scatter_add_(1, torch.where(valid, targets[rows], 0)[:, None], -valid.float()[:, None])
+            grad_logits[rows] = probs * (valid.float()[:, None] * grad)
+        return grad_logits, None

@@ -13,7 +13,7 @@ from tunecast.estimate.profile import profile_from_trace, replay
 from tunecast.estimate.settings import CHUNKING_VARIANTS, STEP_VARIANTS, TraceSettings
 from tunecast.estimate.shape import build_meta_model
 from tunecast.estimate.tracer import ALLOC, trace_step
-from tunecast.runners.profiles import RUNNERS, apply_runner, runner_defaults, step_variants
+from tunecast.runners.profiles import OWN_LOSSES, RUNNERS, apply_runner, runner_defaults, step_variants
 from tunecast.train import loss
 
 BATCH, SEQ = 2, 128
@@ -35,8 +35,9 @@ def test_every_runner_of_the_config_has_a_profile_and_known_variants() -> None:
             for precision in ("bf16", "bf16-mixed", "fp32"):
                 variants = runner.variants(RunSpec(model="x", method=method, precision=precision))
                 assert set(variants) <= set(STEP_VARIANTS)
-                chunking = [v for v in variants if v in CHUNKING_VARIANTS]
-                assert len(chunking) <= 1 and not (chunking and "fp32-outputs" in variants)
+                losses = [v for v in variants if v in OWN_LOSSES]
+                assert len(losses) <= 1 and not (losses and "fp32-outputs" in variants)
+                assert set(losses) <= set(CHUNKING_VARIANTS)
     assert step_variants(RunSpec(model="x")) == ()
 
 
@@ -136,3 +137,41 @@ def test_fused_head_loss_equals_cross_entropy_and_its_gradients(monkeypatch: pyt
     reference.backward()
     assert float(fused.detach()) == pytest.approx(float(reference.detach()), rel=1e-6)
     assert torch.allclose(grads[0], hidden.grad, atol=1e-5) and torch.allclose(grads[1], weight.grad, atol=1e-5)
+
+
+def test_compiled_cross_entropy_equals_cross_entropy_and_its_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loss, "COMPILED_ROWS", 5)
+    torch.manual_seed(0)
+    logits = torch.randn(12, 20, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 20, (12,))
+    targets[4] = loss.IGNORE_INDEX
+    compiled = loss.CompiledCrossEntropy.apply(logits, targets)
+    compiled.backward()
+    grad = logits.grad.clone()
+    logits.grad = None
+    reference = F.cross_entropy(logits, targets, ignore_index=loss.IGNORE_INDEX, reduction="sum")
+    reference.backward()
+    assert float(compiled.detach()) == pytest.approx(float(reference.detach()), rel=1e-6)
+    assert torch.allclose(grad, logits.grad, atol=1e-6)
+
+
+@pytest.mark.parametrize("runner", ["hf-trainer", "torchtune"])
+def test_a_compiled_loss_keeps_no_fp32_logits(runner: str) -> None:
+    config = tiny_llama(num_hidden_layers=2, vocab_size=4096)
+    eager = settings_of(method="lora", runner=runner)
+    compiled = settings_of(method="lora", runner=runner, compile=True)
+    assert "compiled-loss" in compiled.runner_step and "compiled-loss" not in eager.runner_step
+    trace, held = traced(config, compiled)
+    _, plain = traced(config, eager)
+    fp32_logits = BATCH * SEQ * config["vocab_size"] * 4
+    assert held.phases["forward"].allocated < plain.phases["forward"].allocated
+    if runner == "torchtune":  # no whole logits in the loss: at most a chunk's
+        assert max(e.nbytes for e in trace.events if e.kind == ALLOC and e.phase == "forward") < fp32_logits
+
+
+def test_compile_needs_another_runner() -> None:
+    from tunecast.config.checks import cross_field_problems
+
+    problems = cross_field_problems(RunSpec(model="x", compile=True), lambda key: None)
+    assert [p.field for p in problems if p.severity == "error"] == ["compile"]
+    assert not cross_field_problems(RunSpec(model="x", compile=True, runner="torchtune"), lambda key: None)

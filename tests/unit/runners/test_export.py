@@ -18,7 +18,8 @@ from tunecast.runners.export import llamafactory_dataset_info, to_axolotl, to_ll
 COMPARED = ("model", "method", "lora.rank", "lora.alpha", "lora.dropout", "lora.targets", "seq_len", "micro_batch",
             "grad_accum", "epochs", "max_steps", "optimizer", "precision", "grad_checkpointing", "activation_offload",
             "attention", "packing", "learning_rate", "schedule", "warmup_steps", "warmup_ratio", "weight_decay",
-            "seed", "gpus.strategy", "gpus.offload", "checkpoint.every_steps", "dataset.format", "dataset.train_on")
+            "seed", "gpus.strategy", "gpus.offload", "checkpoint.every_steps", "dataset.format", "dataset.train_on",
+            "compile")
 
 SPECS: dict[str, dict[str, Any]] = {
     "lora": {"model": "meta-llama/Llama-3.1-8B", "method": "lora", "lora": {"rank": 16, "alpha": 32, "dropout": 0.05,
@@ -32,7 +33,8 @@ SPECS: dict[str, dict[str, Any]] = {
               "warmup_ratio": 0.05, "dataset": {"format": "messages"}},
     "full": {"model": "Qwen/Qwen3-0.6B", "method": "full", "seq_len": 1024, "micro_batch": 8, "grad_accum": 1,
              "epochs": 1, "optimizer": "adamw", "grad_checkpointing": False, "attention": "sdpa",
-             "learning_rate": 1e-5, "schedule": "linear", "weight_decay": 0.1, "dataset": {"format": "alpaca"}},
+             "learning_rate": 1e-5, "schedule": "linear", "weight_decay": 0.1, "dataset": {"format": "alpaca"},
+             "compile": True},
 }
 FSDP = {"model": "meta-llama/Llama-3.1-8B", "method": "full", "precision": "bf16", "micro_batch": 2,
         "grad_checkpointing": True, "gpus": {"count": 8, "strategy": "fsdp", "offload": "params"}}
