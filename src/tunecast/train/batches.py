@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tunecast.config.spec import RunSpec
 from tunecast.data.packing import IGNORE_INDEX, PackedSequence, Tokenized, pack, truncate
 from tunecast.data.readers import BadRow
 from tunecast.data.stats import bad_rows_error, examples_of
@@ -61,6 +62,18 @@ def _unit(example: Tokenized) -> Unit:
 
 def _packed_unit(sequence: PackedSequence) -> Unit:
     return Unit(sequence.input_ids, sequence.labels, sequence.position_ids)
+
+
+def run_data(spec: RunSpec, counter: TokenizerCounter, *, check: Any = None, limit: int | None = None) -> TrainData:
+    """The training data of `spec`'s run (its dataset file) as training reads it: load_train_data with the run's
+    settings. `spec.dataset.path` must be set."""
+    assert spec.dataset.path is not None
+    from tunecast.train.model import pad_id
+
+    return load_train_data(spec.dataset.path, counter, layout=spec.dataset.format, train_on=spec.dataset.train_on,
+                           seq_len=spec.seq_len, packing=spec.packing, eval_examples=spec.eval.examples,
+                           seed=spec.seed, skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter),
+                           check=check, limit=limit)
 
 
 def load_train_data(path: str, counter: TokenizerCounter, *, layout: str, train_on: str, seq_len: int,

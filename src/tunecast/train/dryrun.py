@@ -63,13 +63,10 @@ def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) 
     per_step = choice.micro_batch * choice.grad_accum
     examples = sequences = steps = per_epoch = None
     if spec.dataset.path is not None:
-        from tunecast.train.batches import load_train_data
-        from tunecast.train.model import load_run_tokenizer, pad_id
+        from tunecast.train.batches import run_data
+        from tunecast.train.model import load_run_tokenizer
 
-        counter = load_run_tokenizer(spec, loaded.model)
-        data = load_train_data(spec.dataset.path, counter, layout=spec.dataset.format, train_on=spec.dataset.train_on,
-                               seq_len=spec.seq_len, packing=spec.packing, eval_examples=spec.eval.examples,
-                               seed=spec.seed, skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter))
+        data = run_data(spec, load_run_tokenizer(spec, loaded.model))
         examples, sequences = data.examples, len(data.units)
         source = f"{spec.dataset.path}, read with the run's tokenizer"
     elif spec.dataset.examples is not None and not spec.packing:

@@ -37,8 +37,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     """Next-token loss over the positions whose label is not IGNORE_INDEX: their mean, or with `num_items`
     their sum divided by it (the trained tokens of a whole optimizer step). `fp32_outputs` (standard loss) also
     makes the fp32 copy of the logits that accelerate's mixed precision returns, held until the loss is returned:
-    how the transformers Trainer's step holds memory. `runner_step` may name another tool's chunked loss
-    (`fused-head`, `output-chunks`, `fused-chunks`): estimate/settings.py STEP_VARIANTS."""
+    how the transformers Trainer's step holds memory. `runner_step` may name another tool's loss (`fused-head`,
+    `output-chunks`, `fused-chunks`, `compiled-loss`): estimate/settings.py STEP_VARIANTS."""
     inputs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask
@@ -56,10 +56,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         logits = outputs.logits  # (batch, seq, vocab): the model's own, kept for the backward pass
         if fp32_outputs:
             outputs["logits"] = logits.float()
-        shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
-        total = CompiledCrossEntropy.apply(logits.flatten(0, 1), shifted.flatten())
-        count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
-        return total / count
+        shifted = _next_tokens(labels)
+        return _per_item(CompiledCrossEntropy.apply(logits.flatten(0, 1), shifted.flatten()), shifted, num_items)
     if not chunked:
         if num_items is not None:
             inputs["num_items_in_batch"] = num_items
@@ -69,11 +67,21 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         return outputs.loss
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
-    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t+1
+    shifted = _next_tokens(labels)
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
     total = hidden.new_zeros((), dtype=torch.float32)
     for hidden_chunk, label_chunk in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
+    return _per_item(total, shifted, num_items)
+
+
+def _next_tokens(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts: position t predicts token t+1; the last predicts nothing."""
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+
+
+def _per_item(total: torch.Tensor, shifted: torch.Tensor, num_items: torch.Tensor | None) -> torch.Tensor:
+    """A summed loss over its trained tokens: `num_items` (the whole optimizer step's), else this batch's."""
     count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
     return total / count
 
@@ -92,7 +100,7 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
     trained tokens, gathered into a new tensor; traced, every token is trained (the trace's labels)."""
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
-    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+    shifted = _next_tokens(labels)
     tokens = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
     targets = shifted[:, :-1].reshape(-1)
     if "fused-head" in runner_step:
@@ -105,8 +113,7 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
             else:
                 total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX,
                                                 reduction="sum")
-    count = num_items if num_items is not None else (shifted != IGNORE_INDEX).sum().clamp(min=1)
-    return total / count
+    return _per_item(total, shifted, num_items)
 
 
 class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]

@@ -20,7 +20,7 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import STRATEGY_ENGINES
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.estimate.settings import TraceSettings
-from tunecast.train.batches import load_train_data
+from tunecast.train.batches import run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost, world_from_env
 from tunecast.train.host_memory import keep_freed_memory, reset_peak_rss
@@ -31,7 +31,6 @@ from tunecast.train.model import (
     enable_float8,
     load_base,
     load_run_tokenizer,
-    pad_id,
     quantize_for_qlora,
     save_base,
 )
@@ -177,10 +176,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         raise TunecastError("training needs a dataset file", field="dataset.path",
                             hint="set dataset.path (or --dataset) to a JSONL, JSON, CSV or Parquet file")
     counter = load_run_tokenizer(spec, resolved_model)
-    data = load_train_data(spec.dataset.path, counter, layout=spec.dataset.format, train_on=spec.dataset.train_on,
-                           seq_len=spec.seq_len, packing=spec.packing, eval_examples=spec.eval.examples, seed=spec.seed,
-                           skip_invalid=spec.dataset.skip_invalid, pad_id=pad_id(counter), check=flag.check,
-                           limit=request.data_limit)
+    data = run_data(spec, counter, check=flag.check, limit=request.data_limit)
     if data.skipped_rows:
         result.warnings.append(Problem("dataset.skip_invalid", f"{data.skipped_rows} invalid row(s) skipped",
                                        "`tunecast data` lists them", severity="warning"))
