@@ -104,3 +104,15 @@ def test_export_llamafactory_registers_the_dataset_beside_the_file(cli, tmp_path
     (data / "dataset_info.json").write_text('{"train": {"file_name": "elsewhere.json"}}')
     clash = cli("export", "llamafactory", str(source), "-o", str(tmp_path / "again.yaml"))
     assert clash.code == 2 and "already names" in clash.stderr
+
+
+def test_dry_run_deals_the_global_batch_to_the_workers(cli, tmp_path: Path) -> None:
+    """`train --gpus 2` starts two workers, each with half of a global batch: the dry run decides as they do."""
+    config = yaml.safe_load((REPO / "examples" / "tiny-lora.yaml").read_text())
+    del config["grad_accum"]
+    config.update(model=TINY, global_batch=8, dataset={"path": str(REPO / "examples" / "data" / "alpaca.jsonl")})
+    source = tmp_path / "run.yaml"
+    source.write_text(yaml.safe_dump(config))
+    document = cli("train", str(source), "--dry-run", "--gpus", "2", "--output", str(tmp_path / "run"), "--json").json()
+    assert document["micro_batch"] * document["grad_accum"] == 4  # each worker's share of the 8
+    assert document["steps_per_epoch"] == 4 and document["steps"] == 40  # 32 examples, 8 per step, 10 epochs

@@ -2,8 +2,9 @@
 taking the run's lock or writing anything.
 
 1. The device: `gpus.gpu` when the config names one (its usable memory from the catalog), else this machine's.
-2. The batch shape: the micro-batch, accumulation and checkpointing `choose_batch` picks on that device, from the
-   memory estimate of the config's runner (`runner:`; another tool's step is estimated, tunecast's trains).
+2. The batch shape: the micro-batch, accumulation and checkpointing `choose_batch` picks on that device for each of
+   the `gpus.count` workers (each its share of a global batch, as the session takes it), from the memory estimate of
+   the config's runner (`runner:`; another tool's step is estimated, tunecast's trains).
 3. The steps: from the dataset file read with the run's tokenizer (as training reads it), else from the declared
    `dataset.examples`; none when neither is there.
 4. The output: whether a checkpoint there would be resumed (the newest one that verifies).
@@ -59,8 +60,11 @@ def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) 
 
     spec = loaded.spec
     device = planned_device(loaded, catalog)
-    choice = choose_batch(spec, loaded.model.data, device, catalog, check_memory=check_memory)
-    per_step = choice.micro_batch * choice.grad_accum
+    processes = spec.gpus.count  # `train --gpus N` starts N workers; each takes its share of a global batch
+    fixed = spec.with_changes({"global_batch": spec.global_batch // processes}) \
+        if spec.global_batch is not None and processes > 1 else spec
+    choice = choose_batch(fixed, loaded.model.data, device, catalog, check_memory=check_memory)
+    per_step = choice.micro_batch * choice.grad_accum * processes
     examples = sequences = steps = per_epoch = None
     if spec.dataset.path is not None:
         from tunecast.train.batches import run_data
