@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel
+
 from tunecast.config.spec import RunSpec
 
 # Precisions under which a tool built on the transformers Trainer runs accelerate's autocast (bf16=True or
@@ -27,7 +29,6 @@ from tunecast.config.spec import RunSpec
 MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
 # Step variants that take the loss from the hidden states themselves (the model returns no logits).
 OWN_LOSSES = ("fused-head", "output-chunks", "fused-chunks")
-SECTIONS = ("lora", "dataset", "gpus", "checkpoint", "eval", "pricing", "plan")
 
 
 @dataclass(frozen=True)
@@ -178,7 +179,6 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
                     "alike)",),
     ),
 )}
-NAMES = tuple(RUNNERS)
 
 
 def step_variants(spec: RunSpec) -> tuple[str, ...]:
@@ -200,7 +200,8 @@ def apply_runner(spec: RunSpec) -> RunSpec:
     updated = spec.with_changes(changes)
     object.__setattr__(updated, "__pydantic_fields_set__",
                        set(spec.model_fields_set) | {key.partition(".")[0] for key in changes})
-    for section in SECTIONS:
+    sections = [name for name in RunSpec.model_fields if isinstance(getattr(spec, name), BaseModel)]
+    for section in sections:
         own = set(getattr(spec, section).model_fields_set)
         own |= {key.partition(".")[2] for key in changes if key.startswith(f"{section}.")}
         object.__setattr__(getattr(updated, section), "__pydantic_fields_set__", own)
