@@ -96,6 +96,9 @@ class TraceSettings:
         fields = asdict(self)
         if not self.runner_step:
             fields.pop("runner_step")
+        else:  # traced since a tied weight's gradients are summed in place (tracer._sums_in_place), which only
+            # other runners' own losses make happen: their estimates cached before are not reused
+            fields["tied_sums"] = "in-place"
         return fields
 
     def key(self, config_data: dict[str, Any], versions: dict[str, str]) -> str:

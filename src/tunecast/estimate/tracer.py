@@ -103,6 +103,10 @@ class _Recorder:
         self.random_elements = 0  # random numbers drawn (dropout's masks): costly per element on a CPU
         self.transcendental_bytes = 0  # of elementwise_bytes, those written by exp/log/erf-like operations
         self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
+        # Shapes of the trainable parameters that receive more than one gradient (a tied head's), and whether
+        # autograd is now summing a node's outputs into the gradients waiting for their nodes (see `_sums_in_place`).
+        self.shared_shapes: set[tuple[tuple[int, ...], Any]] = set()
+        self.summing = False
         # With `reader` (a trace at marker dimensions, see symbols.py) every quantity summed above is also
         # kept as a polynomial: one term per tensor added, read from its size.
         self.reader: Callable[[int], Any] | None = None
@@ -142,6 +146,16 @@ class _Recorder:
         weakref.finalize(storage, self._free, id(storage))
         return int(storage.nbytes())
 
+    def adopt(self, tensor: Any, source: Any) -> None:
+        """`tensor` holds `source`'s memory from now on (autograd summed into `source` in place): no new
+        allocation, and `source`'s storage going away frees nothing."""
+        key = self._keys.pop(id(source.untyped_storage()), None)
+        if self.closed or key is None:
+            return
+        storage = tensor.untyped_storage()
+        self._keys[id(storage)] = key
+        weakref.finalize(storage, self._free, id(storage))
+
     def _free(self, storage_id: int) -> None:
         key = self._keys.pop(storage_id, None)
         if key is not None and not self.closed:
@@ -173,6 +187,11 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
+            if recorder.summing:
+                if func is torch.ops.aten.add.Tensor and _summed_in_place(recorder, args, kwargs or {}, out):
+                    recorder.adopt(out, args[0])
+                elif func.overloadpacket is not torch.ops.aten.add and _launches_kernel(func):
+                    recorder.summing = False
             written = [nbytes for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)
                        if (nbytes := recorder.track(leaf))]
             if not (recorder.counting or recorder.counting_optimizer):
@@ -196,6 +215,66 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
             return out
 
     return Recording()
+
+
+def _summed_in_place(recorder: _Recorder, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether this addition is autograd summing a second gradient into a parameter's first, which on real
+    tensors it does in place (torch/csrc/autograd/input_buffer.cpp `accumulate`: when the first gradient is a
+    dense, contiguous tensor nothing else holds) and under a dispatch mode out of place. A view (the transposed
+    gradient of `F.linear`'s weight) is summed out of place on real tensors too."""
+    import torch
+
+    first = args[0] if args else None
+    return (isinstance(first, torch.Tensor) and len(args) == 2 and not kwargs
+            and (tuple(out.shape), out.dtype) in recorder.shared_shapes
+            and first.shape == out.shape and first.dtype == out.dtype
+            and not first._is_view() and first.is_contiguous())
+
+
+@contextmanager
+def _sums_in_place(loss: Any, recorder: _Recorder) -> Iterator[None]:
+    """While `loss.backward()` runs: mark when autograd sums a node's outputs into the gradients waiting for
+    the nodes they go to, for the trainable parameters that receive more than one gradient (tied weights).
+
+    A parameter's gradients meet in the input buffer of its AccumulateGrad node; the engine adds each node's
+    outputs into those buffers after the node's post hooks ran and before the next node's pre hooks. Models with
+    no such parameter get no hooks."""
+    nodes: list[Any] = []
+    incoming: dict[Any, int] = {}
+    seen: set[Any] = set()
+    stack = [loss.grad_fn] if loss.grad_fn is not None else []
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        nodes.append(node)
+        for child, _ in node.next_functions:
+            if child is not None:
+                incoming[child] = incoming.get(child, 0) + 1
+                stack.append(child)
+    shared = [node for node, count in incoming.items() if count > 1 and hasattr(node, "variable")]
+    if not shared:
+        yield
+        return
+    recorder.shared_shapes = {(tuple(node.variable.shape), node.variable.dtype) for node in shared}
+
+    def open_window(grad_inputs: Any, grad_outputs: Any) -> None:
+        recorder.summing = True
+
+    def close_window(grad_outputs: Any) -> None:
+        recorder.summing = False
+
+    handles = [node.register_prehook(close_window) for node in nodes]
+    handles += [node.register_hook(open_window) for node in nodes
+                if any(child in shared for child, _ in node.next_functions)]
+    try:
+        yield
+    finally:
+        recorder.summing = False
+        recorder.shared_shapes = set()
+        for handle in handles:
+            handle.remove()
 
 
 def _launches_kernel(func: Any) -> bool:
@@ -541,6 +620,10 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
     def to_backward() -> None:
         recorder.phase, recorder.category = "backward", "temporaries"
 
+    def backward(loss: Any) -> None:
+        with _sums_in_place(loss, recorder):
+            loss.backward()
+
     try:
         with mode, _as_on_real_tensors(), _no_gc():
             with _dispatch_mode(recorder):
@@ -553,7 +636,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                     recorder.counting = step == STEPS
                     forward_backward(model, input_ids, labels, precision=settings.precision,
                                      chunked_loss=settings.loss == "chunked", on_backward=to_backward,
-                                     runner_step=settings.runner_step)
+                                     backward=backward, runner_step=settings.runner_step)
                     recorder.counting = False
                     recorder.phase = "optimizer"
                     recorder.counting_optimizer = step == STEPS
