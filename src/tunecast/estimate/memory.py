@@ -482,7 +482,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
     only this micro-batch and length when nothing is cached (cheaper; no sweeps from it). Without `trace`,
     settings that neither a template nor the cache serves raise NeedsTrace (profiles.py)."""
-    settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing)
+    settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing, device=device)
     _check_expert_precision(spec, settings, config_data)
     batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
@@ -516,7 +516,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     if spec.runner != "tunecast":
         from tunecast.runners.profiles import RUNNERS
 
-        step.notes.extend(RUNNERS[spec.runner].notes(spec))
+        step.notes.extend(RUNNERS[spec.runner].notes(spec, device))
         if closed_form:
             step.notes.append("the closed-form estimate does not run the runner's step: its differences are not in "
                               "these figures")

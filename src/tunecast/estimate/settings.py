@@ -46,6 +46,9 @@ STEP_VARIANTS = {
     "fused-head": "the loss through a fused output head: logits one tile of 4,096 tokens × 32,768 entries at a "
                   "time, per-token statistics in fp32, the hidden states' gradient accumulated in fp32 (TRL's "
                   "SFTTrainer since 1.15); no full logits",
+    "fused-head-cpu": "TRL's fused output head as it runs without Triton (on a CPU): its torch fallback folds each "
+                      "whole tile of 4,096 tokens × 32,768 entries with tile-sized fp32 temporaries (traced from "
+                      "trl/kernels/chunked_logprob.py when TRL is installed; else as on a GPU)",
     "output-chunks": "the loss in 8 chunks of tokens, each chunk's logits upcast to fp32 and kept for the backward "
                      "pass (torchtune's LinearCrossEntropyLoss); no full logits",
     "compiled-loss": "the cross-entropy compiled (torch.compile): its backward keeps the logits in their own dtype "
@@ -54,7 +57,7 @@ STEP_VARIANTS = {
                     "the backward pass (unsloth's fused cross-entropy); no full logits",
 }
 # Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
-CHUNKING_VARIANTS = ("fused-head", "output-chunks", "fused-chunks", "compiled-loss")
+CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,8 @@ class TraceSettings:
     runner_step: tuple[str, ...] = ()  # STEP_VARIANTS of the runner whose step is estimated (none: tunecast's)
 
     @classmethod
-    def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None) -> TraceSettings:
+    def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None,
+                  device: str = "cuda") -> TraceSettings:
         lora = spec.lora
         targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
         checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
@@ -87,7 +91,7 @@ class TraceSettings:
             grad_checkpointing=checkpointing,
             attention="eager" if spec.attention == "eager" else "sdpa",
             loss=spec.loss,
-            runner_step=step_variants(spec),
+            runner_step=step_variants(spec, device),
         )
 
     def fields(self) -> dict[str, Any]:

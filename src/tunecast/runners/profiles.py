@@ -28,7 +28,9 @@ from tunecast.config.spec import RunSpec
 # fp16=True in its arguments; `bf16` here is bf16 weights with the Trainer's bf16=True).
 MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
 # Step variants that take the loss from the hidden states themselves (the model returns no logits).
-OWN_LOSSES = ("fused-head", "output-chunks", "fused-chunks")
+OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks")
+# Variants a step runs otherwise where its tool finds no GPU kernels: on the CPU (`--device cpu`).
+ON_CPU = {"fused-head": "fused-head-cpu"}
 
 
 @dataclass(frozen=True)
@@ -58,21 +60,24 @@ class Runner:
     sources: tuple[str, ...] = ()  # where the step variants are written
     unmodelled: tuple[str, ...] = ()  # what the tool does that the estimate does not trace
 
-    def variants(self, spec: RunSpec) -> tuple[str, ...]:
+    def variants(self, spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
         chosen = [*self.step, *(self.mixed_step if spec.precision in MIXED else ())]
+        if device == "cpu":
+            chosen = [ON_CPU.get(variant, variant) for variant in chosen]
         if spec.method == "qlora":
             chosen += self.qlora_step
         if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy
             chosen = [variant for variant in chosen if variant != "fp32-outputs"]
-        if spec.compile and not any(v in ("fused-head", "fused-chunks") for v in chosen):  # those hold no logits
+        if spec.compile and not any(v in ("fused-head", "fused-head-cpu", "fused-chunks") for v in chosen):
+            # those hold no logits
             chosen.append("compiled-loss")
         return tuple(dict.fromkeys(chosen))
 
-    def notes(self, spec: RunSpec) -> list[str]:
-        """What this runner changes in `spec`'s step, for an estimate's notes."""
+    def notes(self, spec: RunSpec, device: str = "cuda") -> list[str]:
+        """What this runner changes in `spec`'s step on `device`, for an estimate's notes."""
         from tunecast.estimate.settings import STEP_VARIANTS
 
-        lines = [f"runner {self.label} ({self.version}): {STEP_VARIANTS[v]}" for v in self.variants(spec)]
+        lines = [f"runner {self.label} ({self.version}): {STEP_VARIANTS[v]}" for v in self.variants(spec, device)]
         return lines + [f"runner {self.label}: not modelled: {text}" for text in self.unmodelled]
 
 
@@ -181,9 +186,9 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
 )}
 
 
-def step_variants(spec: RunSpec) -> tuple[str, ...]:
-    """The step variants the tracer runs for `spec`'s runner (none for tunecast's own)."""
-    return RUNNERS[spec.runner].variants(spec)
+def step_variants(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
+    """The step variants the tracer runs for `spec`'s runner on `device` (none for tunecast's own)."""
+    return RUNNERS[spec.runner].variants(spec, device)
 
 
 def runner_defaults(spec: RunSpec) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
         inputs["position_ids"] = position_ids
-    if "fused-head" in runner_step or "output-chunks" in runner_step:
+    if any(variant in runner_step for variant in ("fused-head", "fused-head-cpu", "output-chunks")):
         return _tool_chunked_loss(model, inputs, labels, num_items, runner_step)
     chunks = LOSS_CHUNKS
     if "fused-chunks" in runner_step:
@@ -103,7 +103,9 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
     shifted = _next_tokens(labels)
     tokens = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
     targets = shifted[:, :-1].reshape(-1)
-    if "fused-head" in runner_step:
+    if "fused-head-cpu" in runner_step:
+        total = _trl_head_without_triton(tokens, head.weight, targets)
+    elif "fused-head" in runner_step:
         total = FusedHeadLoss.apply(tokens, head.weight, targets)
     else:
         total = hidden.new_zeros((), dtype=torch.float32)
@@ -114,6 +116,20 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
                 total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX,
                                                 reduction="sum")
     return _per_item(total, shifted, num_items)
+
+
+def _trl_head_without_triton(tokens: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The summed loss through TRL's own fused head where it has no Triton (trl/trainer/utils.py `_fused_forward`:
+    every position scored, the targets clamped, the entropy and top-1 statistics its SFTTrainer asks for); without
+    TRL installed, its memory as on a GPU (FusedHeadLoss)."""
+    try:
+        from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+        from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
+    except ImportError:
+        return FusedHeadLoss.apply(tokens, weight, targets)  # type: ignore[no-any-return]
+    log_probs = ChunkedLogProbFunction.apply(tokens, weight, None, targets.clamp(min=0), 1.0,
+                                             _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("entropy", "is_top1"))[0]
+    return -log_probs.masked_fill(targets == IGNORE_INDEX, 0).sum()  # type: ignore[no-any-return]
 
 
 class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]

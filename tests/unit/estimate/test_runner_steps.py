@@ -175,3 +175,31 @@ def test_compile_needs_another_runner() -> None:
     problems = cross_field_problems(RunSpec(model="x", compile=True), lambda key: None)
     assert [p.field for p in problems if p.severity == "error"] == ["compile"]
     assert not cross_field_problems(RunSpec(model="x", compile=True, runner="torchtune"), lambda key: None)
+
+
+def test_trl_on_the_cpu_traces_its_own_fallback_head() -> None:
+    """Without Triton TRL's fused head folds whole tiles with fp32 temporaries: `--device cpu` traces that code
+    (TRL is installed with the dev extra); a GPU estimate keeps the kernels' memory."""
+    pytest.importorskip("trl.kernels.chunked_logprob")
+    spec = RunSpec(model="x", method="lora", runner="trl")
+    assert "fused-head" in step_variants(spec) and "fused-head-cpu" not in step_variants(spec)
+    assert "fused-head-cpu" in step_variants(spec, "cpu") and "fused-head" not in step_variants(spec, "cpu")
+    assert TraceSettings.from_spec(spec, device="cpu").runner_step == step_variants(spec, "cpu")
+    config = tiny_llama(num_hidden_layers=2, vocab_size=40000)  # two TRL tiles of the vocabulary
+    _, on_gpu = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head",)))
+    _, fallback = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head-cpu",)))
+    tile = BATCH * (SEQ - 1) * loss.TRL_TILE_VOCAB * 4  # one fp32 tile-sized temporary
+    assert (max(p.allocated for p in fallback.phases.values())
+            > max(p.allocated for p in on_gpu.phases.values()) + tile)
+
+
+def test_the_fallback_head_loss_is_the_cross_entropy() -> None:
+    pytest.importorskip("trl.kernels.chunked_logprob")
+    torch.manual_seed(0)
+    hidden = torch.randn(12, 8)
+    weight = torch.randn(50, 8)
+    targets = torch.randint(0, 50, (12,))
+    targets[3] = loss.IGNORE_INDEX
+    summed = loss._trl_head_without_triton(hidden, weight, targets)
+    reference = F.cross_entropy(hidden @ weight.t(), targets, ignore_index=loss.IGNORE_INDEX, reduction="sum")
+    assert float(summed) == pytest.approx(float(reference), rel=1e-5)
