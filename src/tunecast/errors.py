@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,16 @@ class ConfigError(TunecastError):
     @property
     def problems(self) -> list[Problem]:
         return self.all_problems
+
+
+def error_document(error: TunecastError) -> dict[str, Any]:
+    """The JSON document of a user error, as `--json` prints it and the web planner answers it:
+    `{"error": {"message", "field", "hint"}}`, with `problems` when there are several (or the one differs from the
+    message)."""
+    body: dict[str, Any] = {"message": error.message, "field": error.field, "hint": error.hint}
+    if len(error.problems) > 1 or error.problems[0].message != error.message:
+        body["problems"] = [p.as_dict() for p in error.problems]
+    return {"error": body}
 
 
 def did_you_mean(word: str, candidates: Iterable[str], *, n: int = 3, cutoff: float = 0.6) -> list[str]:

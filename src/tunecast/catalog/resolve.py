@@ -34,7 +34,11 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
     if found is not None:
         return found
     cached = _downloaded_path(name)
-    if cached.is_file():
+    try:
+        fetched_before = cached.is_file()
+    except (OSError, ValueError):  # a name no file can have
+        fetched_before = False
+    if fetched_before:
         return _downloaded(name, cached, field)
     if allow_download and _looks_like_repo_id(name):
         return _downloaded(name, download_config(name, field=field), field)
@@ -59,12 +63,15 @@ def _looks_like_repo_id(name: str) -> bool:
 
 
 def _as_local_path(name: str, base_dir: Path | None) -> Path | None:
-    candidate = Path(name).expanduser()
-    if not candidate.is_absolute() and base_dir is not None:
-        relative = base_dir / candidate
-        if relative.exists():
-            return relative.resolve()
-    return candidate.resolve() if candidate.exists() else None
+    try:
+        candidate = Path(name).expanduser()
+        if not candidate.is_absolute() and base_dir is not None:
+            relative = base_dir / candidate
+            if relative.exists():
+                return relative.resolve()
+        return candidate.resolve() if candidate.exists() else None
+    except (OSError, ValueError, RuntimeError):  # no path this system can have (a NUL, too long, ~nobody)
+        return None
 
 
 def _local(path: Path, field: str) -> ModelConfig:

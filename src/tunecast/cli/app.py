@@ -82,6 +82,7 @@ COMMAND_MODULES = {
     "probe": "measure_cmds", "calibrate": "measure_cmds",
     "export": "export_cmds",
     "report": "report_cmds",
+    "serve": "serve_cmds",
 }
 _REGISTERED: list[str] = []
 

@@ -44,9 +44,10 @@ def gpus_command(
                                                      help="Only cards with at least this much memory.")] = None,
 ) -> None:
     """GPU specifications: memory, dense bf16/fp8 TFLOPS, bandwidth, interconnect, power, price."""
+    from tunecast.catalog.listing import listed_gpus
+
     catalog = state(ctx).catalog()
-    gpus = [g for g in catalog.gpus if min_memory is None or g.usable_memory_gib >= min_memory]
-    gpus.sort(key=lambda g: (g.usable_memory_gib, g.bf16_tflops))
+    gpus = listed_gpus(catalog, min_memory_gib=min_memory)
     if json_output:
         print_json([g.document() for g in gpus])
         return
@@ -188,19 +189,10 @@ def models_command(
     """Catalog models: name, architecture, layers, hidden size, vocabulary and exact parameter count."""
     if ctx.invoked_subcommand is not None:
         return
+    from tunecast.catalog.listing import model_documents
+
     catalog = state(ctx).catalog()
-    names = [n for n in catalog.models.names if search is None or search.lower() in n.lower()]
-    documents = []
-    for name in names:
-        model = catalog.models.find(name)
-        assert model is not None
-        documents.append({
-            "name": name, "model_type": model.model_type, "architecture": model.architecture,
-            "params": model.params, "num_layers": model.num_layers, "hidden_size": model.hidden_size,
-            "vocab_size": model.vocab_size, "num_experts": model.num_experts,
-            "max_position_embeddings": model.max_position_embeddings,
-            "source": model.source, "as_of": catalog.models.entry(name).as_of.isoformat(),
-        })
+    documents = model_documents(catalog, search=search)
     if json_output:
         print_json(documents)
         return

@@ -33,16 +33,6 @@ def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) 
                      imported=imported)
 
 
-def imported_part(loaded: LoadedSpec) -> dict[str, Any]:
-    """For a `--json` document of a run read `--from` another tool: where it came from, what each of its keys set,
-    and `unmapped_keys`, every key not carried over with the reason."""
-    if loaded.imported is None:
-        return {}
-    described = loaded.imported.as_dict()
-    return {"from": {k: v for k, v in described.items() if k != "unmapped_keys"},
-            "unmapped_keys": described["unmapped_keys"]}
-
-
 def print_imported(loaded: LoadedSpec) -> None:
     """Under a command's output: what was not carried over from the other tool's config, and the approximations."""
     imported = loaded.imported

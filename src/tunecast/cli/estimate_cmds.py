@@ -11,10 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import LoadedSpec
+from tunecast.config.load import LoadedSpec, imported_part
 from tunecast.estimate.answer import MemoryAnswer, answer_memory
 from tunecast.units import format_params
 

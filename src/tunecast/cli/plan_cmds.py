@@ -11,10 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.errors import Problem, TunecastError
+from tunecast.config.load import imported_part
+from tunecast.errors import Problem
 from tunecast.units import format_usd
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -148,84 +149,33 @@ def breakeven_command(
     json_output: JsonFlag = False,
 ) -> None:
     """Rent versus buy: break-even hours and months; with --run, in runs of a workload."""
-    from tunecast.plan.breakeven import break_even
+    from tunecast.catalog.store import today
+    from tunecast.plan.breakeven import BreakEvenOptions, answer_break_even
 
-    catalog = state(ctx).catalog()
-    owned = catalog.gpus.get(gpu, field="--gpu") if gpu else None
-    if purchase_usd is None:
-        if owned is None or owned.purchase_usd is None:
-            raise TunecastError("no purchase price", field="--purchase-usd",
-                                hint="give --purchase-usd, or --gpu a card whose catalog row has a price")
-        purchase_usd = owned.purchase_usd
-    if power_w is None and usd_per_kwh is not None and owned is not None:
-        power_w = owned.tdp_w
-    rented = catalog.gpus.get(rent_gpu, field="--rent-gpu") if rent_gpu else owned
-    if rent_usd_per_hour is None:
-        offers = [o for o in catalog.offers if rented is not None and o.gpu == rented.slug and o.gpu_count == 1]
-        if not offers:
-            raise TunecastError("no rental price", field="--rent-usd-per-hour",
-                                hint="give --rent-usd-per-hour, or --rent-gpu / --gpu a card with a 1-GPU offer")
-        rent_usd_per_hour = min(o.usd_per_hour for o in offers)
-    result = break_even(purchase_usd=purchase_usd, rent_usd_per_hour=rent_usd_per_hour,
-                        hours_per_month=hours_per_month, power_w=power_w, usd_per_kwh=usd_per_kwh,
-                        resale_usd=resale_usd)
-    document: dict[str, Any] = result.as_dict()
-    if run is not None:
-        document["work"] = _work_breakeven(ctx, run, owned, rented, purchase_usd, resale_usd,
-                                           result.power_usd_per_hour, hours_per_month)
+    options = BreakEvenOptions(gpu=gpu, purchase_usd=purchase_usd, rent_usd_per_hour=rent_usd_per_hour,
+                               rent_gpu=rent_gpu, hours_per_month=hours_per_month, power_w=power_w,
+                               usd_per_kwh=usd_per_kwh, resale_usd=resale_usd)
+    loader = None if run is None else (
+        lambda overrides: load_from_cli(ctx, run, SpecArgs(overrides, allow_download=False)))
+    answer = answer_break_even(state(ctx).catalog(), options, run=loader, today=today())
     if json_output:
-        print_json(document)
+        print_json(answer.as_dict())
         return
+    result = answer.result
     power = f" and {format_usd(result.power_usd_per_hour)}/h of power" if result.power_usd_per_hour else ""
-    out.print(f"Buying at {format_usd(purchase_usd)} (resale {format_usd(resale_usd)}) against renting at "
-              f"{format_usd(rent_usd_per_hour)}/h{power}:")
+    out.print(f"Buying at {format_usd(result.purchase_usd)} (resale {format_usd(result.resale_usd)}) against renting "
+              f"at {format_usd(result.rent_usd_per_hour)}/h{power}:")
     if result.breakeven_hours is None:
         out.print("  renting stays cheaper: the power costs as much as the rent")
     else:
         out.print(f"  break-even after {result.breakeven_hours:,.0f} hours of use = "
                   f"{result.breakeven_months:.1f} months at {hours_per_month:g} h/month")
-    if run is not None:
-        work = document["work"]
+    if answer.work is not None:
+        work = answer.work.as_dict()
         out.print(f"  per run: {work['owned_hours_per_run']:.2f} h on the owned card, "
                   f"{work['rented_hours_per_run']:.2f} h and ${work['rented_usd_per_run']:,.2f} rented")
         if work["breakeven_runs"] is not None:
             out.print(f"  break-even after {work['breakeven_runs']:.1f} runs = {work['breakeven_months']:.1f} months")
-
-
-def _work_breakeven(ctx: typer.Context, run: Path, owned: Any, rented: Any, purchase_usd: float, resale_usd: float,
-                    power_usd_per_hour: float, hours_per_month: float) -> dict[str, Any]:
-    from tunecast.catalog.store import today
-    from tunecast.config.load import Override
-    from tunecast.plan.breakeven import work_break_even
-    from tunecast.plan.report import PlanRequest, make_plan
-
-    if owned is None or rented is None:
-        raise TunecastError("--run needs --gpu (the card to buy) and --rent-gpu or --gpu", field="--run",
-                            hint="for example --gpu rtx-4090 --rent-gpu h100-sxm --run run.yaml")
-    catalog = state(ctx).catalog()
-
-    def best(slug: str) -> dict[str, Any]:
-        loaded = load_from_cli(ctx, run, _args([Override("gpus.gpu", slug, "--gpu"),
-                                                Override("gpus.count", 1, "--gpus")]))
-        plan = make_plan(loaded, catalog, PlanRequest(), today=today())
-        fitting = [o for o in plan["options"] if o["fits"]]
-        if not fitting:
-            raise TunecastError(f"the run does not fit one {slug}", field="--run",
-                                hint=plan["options"][0]["notes"][0] if plan["options"] else "see tunecast plan")
-        priced = [o for o in fitting if o["total_usd"] is not None and not o["spot"]]
-        return min(priced, key=lambda o: o["total_usd"]) if priced else fitting[0]
-
-    mine, theirs = best(owned.slug), best(rented.slug)
-    if theirs["total_usd"] is None:
-        raise TunecastError(f"no on-demand offer prices {rented.slug}", field="--rent-gpu",
-                            hint="choose a card with offers (tunecast offers)")
-    return work_break_even(purchase_usd=purchase_usd, resale_usd=resale_usd, owned_hours_per_run=mine["hours"],
-                           rented_hours_per_run=theirs["hours"], rented_usd_per_run=theirs["total_usd"],
-                           power_usd_per_hour=power_usd_per_hour, hours_per_month=hours_per_month).as_dict()
-
-
-def _args(overrides: list[Any]) -> SpecArgs:
-    return SpecArgs(overrides, allow_download=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-from tunecast.errors import Problem, TunecastError
+from tunecast.errors import Problem, TunecastError, error_document
 from tunecast.estimate.progress import listening
-from tunecast.version import SCHEMA_VERSION
+from tunecast.version import stamped
 
 # Piped or captured output is not squeezed to 80 columns: tables stay readable in files and READMEs.
 out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 130)
@@ -44,11 +44,7 @@ def working(message: str) -> Iterator[Status]:
 
 def print_json(document: dict[str, Any] | list[dict[str, Any]]) -> None:
     """One JSON document on stdout. Every object (or every item of a list) carries schema_version."""
-    if isinstance(document, list):
-        document = [{"schema_version": SCHEMA_VERSION, **item} for item in document]
-    else:
-        document = {"schema_version": SCHEMA_VERSION, **document}
-    sys.stdout.write(json.dumps(document, indent=2, default=str, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(stamped(document), indent=2, default=str, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 
 
@@ -70,10 +66,7 @@ def print_problems(problems: list[Problem]) -> None:
 def report_error(error: TunecastError, *, json_output: bool) -> None:
     """A user error: a short message on stderr and, with --json, a JSON document on stdout."""
     if json_output:
-        body: dict[str, Any] = {"message": error.message, "field": error.field, "hint": error.hint}
-        if len(error.problems) > 1 or error.problems[0].message != error.message:
-            body["problems"] = [p.as_dict() for p in error.problems]
-        print_json({"error": body})
+        print_json(error_document(error))
     err.print(f"[red bold]error:[/] {escape(error.message)}")
     if len(error.problems) > 1 or error.problems[0].message != error.message:
         print_problems(error.problems)

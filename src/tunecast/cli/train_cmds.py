@@ -14,9 +14,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import imported_part, load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.config.load import imported_part
 from tunecast.errors import Problem
 from tunecast.estimate.progress import listening
 from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag

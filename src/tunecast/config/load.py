@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +63,18 @@ class LoadedSpec:
     imported: Imported | None = None  # the other tool's config it was read from (`--from`)
 
 
+def overrides_from(values: Mapping[str, Any]) -> list[Override]:
+    """A request's overrides (`{"dotted.key": value}`, as the web planner sends them) as Overrides in their order,
+    each reported as `overrides.KEY`: what `--set KEY=VALUE` is on the command line."""
+    overrides = []
+    for key, value in values.items():
+        if not key.strip():
+            raise TunecastError("an override has an empty key", field="overrides",
+                                hint='write {"dotted.key": value}, for example {"lora.dropout": 0.05}')
+        overrides.append(Override(key.strip(), value, f"overrides.{key.strip()}"))
+    return overrides
+
+
 def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
               allow_download: bool = False, imported: Imported | None = None) -> LoadedSpec:
     """Read `path` (optional) or the config `imported` from another tool, apply `overrides`, validate, resolve the
@@ -76,12 +89,37 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
     problems: list[Problem] = []
     base_dir = path.parent.resolve() if path is not None else None
     if path is not None:
-        raw, lines, problems = _read_file(path)
+        raw, lines, problems = _parse(_read_file(path))
     elif imported is not None:
         source = f"{imported.source} (read as {imported.tool})"
         raw, lines = copy.deepcopy(imported.config), dict(imported.lines)
         base_dir = imported.source.parent.resolve()
+    return _load(raw, lines, problems, overrides, catalog, source=source, base_dir=base_dir,
+                 allow_download=allow_download, imported=imported)
 
+
+def load_spec_text(yaml_text: str, overrides: list[Override], catalog: Catalog, *, source: str = "config",
+                   allow_download: bool = False) -> LoadedSpec:
+    """`load_spec` of a config given as YAML text (the web planner's requests): the same checks and messages, each
+    problem located by its line in the text or by its override. Empty text is no config, as a command line without
+    a file; relative paths in it are relative to the current directory."""
+    raw, lines, problems = _parse(yaml_text) if yaml_text.strip() else ({}, {}, [])
+    return _load(raw, lines, problems, overrides, catalog, source=source if yaml_text.strip() else "overrides",
+                 base_dir=None, allow_download=allow_download, imported=None)
+
+
+def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]:
+    """The config as written in `yaml_text` with `overrides` applied to it, keys in their order (unvalidated:
+    `load_spec_text` checks it)."""
+    raw, _, _ = _parse(yaml_text) if yaml_text.strip() else ({}, {}, [])
+    for override in overrides:
+        _set_dotted(raw, override.key, override.value)
+    return raw
+
+
+def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], overrides: list[Override],
+          catalog: Catalog, *, source: str, base_dir: Path | None, allow_download: bool,
+          imported: Imported | None) -> LoadedSpec:
     origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
     for override in overrides:
         if _set_dotted(raw, override.key, override.value):
@@ -127,17 +165,30 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
 
 
-def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int], list[Problem]]:
-    from tunecast.config.yamlfile import read_yaml
+def imported_part(loaded: LoadedSpec) -> dict[str, Any]:
+    """For a `--json` document of a run read `--from` another tool: where it came from, what each of its keys set,
+    and `unmapped_keys`, every key not carried over with the reason; {} for a tunecast config."""
+    if loaded.imported is None:
+        return {}
+    described = loaded.imported.as_dict()
+    return {"from": {k: v for k, v in described.items() if k != "unmapped_keys"},
+            "unmapped_keys": described["unmapped_keys"]}
 
+
+def _read_file(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise TunecastError(f"config file {path} does not exist", field="config",
                             hint="check the path, or write a starter config with `tunecast init`") from None
     except OSError as error:
         raise TunecastError(f"cannot read {path}: {error.strerror}", field="config",
                             hint="check the file's permissions") from None
+
+
+def _parse(text: str) -> tuple[dict[str, Any], dict[str, int], list[Problem]]:
+    from tunecast.config.yamlfile import read_yaml
+
     data, lines, problems = read_yaml(text)
     if not isinstance(data, dict):
         problems.append(Problem(None, "the file must hold a mapping of keys (model: …, method: …)",
@@ -215,18 +266,32 @@ def _resolve_paths(spec: RunSpec, origins: dict[str, str], base_dir: Path | None
             candidate = (base_dir if from_file and base_dir else Path.cwd()) / candidate
         return str(candidate.resolve())
 
+    def unusable(key: str, value: str, error: Exception) -> None:
+        problems.append(Problem(key, f"{value!r} is not a usable path ({error})", "give a path this system can open",
+                                location=locate(key)))
+
     dataset = spec.dataset
     updates: dict[str, str] = {}
     for key in ("path", "tokenizer"):
         value = getattr(dataset, key)
         if value is None:
             continue
-        resolved = absolute(f"dataset.{key}", value)
-        if "://" not in resolved and not Path(resolved).exists():
+        try:  # a NUL, a name too long, `~nobody`: no path
+            resolved = absolute(f"dataset.{key}", value)
+            found = "://" in resolved or Path(resolved).exists()
+        except (OSError, ValueError, RuntimeError) as error:
+            unusable(f"dataset.{key}", value, error)
+            continue
+        if not found:
             problems.append(Problem(f"dataset.{key}", f"{resolved} does not exist",
                                     "check the path; a relative path is taken relative to the config file",
                                     location=locate(f"dataset.{key}")))
         updates[key] = resolved
     dataset = dataset.model_copy(update=updates)
-    output = absolute("output", spec.output) if spec.output is not None else None
+    output = None
+    if spec.output is not None:
+        try:
+            output = absolute("output", spec.output)
+        except (OSError, ValueError, RuntimeError) as error:
+            unusable("output", spec.output, error)
     return spec.model_copy(update={"dataset": dataset, "output": output})

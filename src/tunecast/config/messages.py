@@ -19,7 +19,7 @@ _COMPARISONS = {
 _TYPE_WORDS = {
     "int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
     "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
-    "bool_type": "true or false", "string_type": "text", "list_type": "a list",
+    "bool_type": "true or false", "string_type": "text", "list_type": "a list", "finite_number": "a finite number",
 }
 
 

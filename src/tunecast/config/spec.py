@@ -54,9 +54,10 @@ def _name_list(value: object, expected: str) -> list[str]:
 
 
 class _Section(BaseModel):
-    """Common settings: unknown keys are errors, field docstrings become descriptions (`_attach_docstrings`)."""
+    """Common settings: unknown keys are errors, numbers are finite (YAML's `.inf` and `.nan` are no epochs, rate or
+    price), field docstrings become descriptions (`_attach_docstrings`)."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 class LoraSpec(_Section):

@@ -12,9 +12,13 @@ from tunecast.errors import Problem
 def read_yaml(text: str) -> tuple[Any, dict[str, int], list[Problem]]:
     """Parse `text`; return (data, {dotted key: line}, problems). Problems are syntax errors and
     duplicate keys, which PyYAML would otherwise resolve silently by keeping the last value."""
-    loader = yaml.SafeLoader(text)
     lines: dict[str, int] = {}
     problems: list[Problem] = []
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as error:  # a character YAML does not allow (a control character, a lone surrogate)
+        problems.append(Problem(None, f"YAML error: {error}", "remove the character, or save the file as UTF-8 text"))
+        return {}, lines, problems
     try:
         node = loader.get_single_node()
         if node is None:
@@ -29,6 +33,10 @@ def read_yaml(text: str) -> tuple[Any, dict[str, int], list[Problem]]:
         return {}, lines, problems
     except yaml.YAMLError as error:
         problems.append(Problem(None, f"YAML error: {error}", "check the file's syntax"))
+        return {}, lines, problems
+    except RecursionError:
+        problems.append(Problem(None, "the YAML nests too deeply (or an alias `*name` holds itself)",
+                                "a run config is a few levels of keys: check the anchors (&name) and aliases"))
         return {}, lines, problems
     finally:
         loader.dispose()

@@ -4,6 +4,7 @@ else an estimate from the tokenizer family's bytes-per-token ratio (catalog/data
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 
@@ -11,6 +12,9 @@ from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.rows import CatalogRow, parse_rows
 from tunecast.catalog.store import Catalog, bundled_data_dir
 from tunecast.data.tokens import EstimateCounter, TokenCounter, cached_tokenizer, load_tokenizer
+
+if TYPE_CHECKING:
+    from tunecast.config.load import LoadedSpec
 
 RATIOS_FILE = "token_ratios.csv"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -65,3 +69,13 @@ def choose_counter(*, model: str | None, tokenizer: str | None, catalog: Catalog
     resolved = resolve_model(model, catalog, base_dir=base_dir, field="--model")
     cached = cached_tokenizer(resolved.name) if resolved.origin == "catalog" else None
     return cached if cached is not None else estimate_for(resolved.model_type, resolved.vocab_size)
+
+
+def spec_counter(loaded: LoadedSpec, catalog: Catalog) -> TokenCounter:
+    """The counter of a run's dataset: `dataset.tokenizer`, else the model's as the config resolved it (a model
+    folder is relative to the config file, not to here)."""
+    resolved = loaded.model
+    model = str(resolved.path.parent) if resolved.origin == "directory" else loaded.spec.model
+    tokenizer = loaded.spec.dataset.tokenizer
+    return choose_counter(model=model if tokenizer is None else None, tokenizer=tokenizer, catalog=catalog,
+                          base_dir=Path.cwd())

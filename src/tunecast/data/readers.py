@@ -169,13 +169,18 @@ def _csv(source: str) -> Iterator[Row | BadRow]:
         dialect = "excel-tab" if source.lower().removesuffix(".gz").endswith(".tsv") else "excel"
         reader = csv.DictReader(handle, dialect=dialect)
         start_line = 2
-        for number, record in enumerate(reader, start=1):
-            if None in record:
-                yield BadRow(number, start_line, f"has more fields than the header's {len(reader.fieldnames or [])}",
-                             hint="quote fields that contain commas or line breaks")
-            else:
-                yield Row(number, start_line, {k: v for k, v in record.items() if k is not None})
-            start_line = reader.line_num + 1
+        try:
+            for number, record in enumerate(reader, start=1):
+                if None in record:
+                    yield BadRow(number, start_line,
+                                 f"has more fields than the header's {len(reader.fieldnames or [])}",
+                                 hint="quote fields that contain commas or line breaks")
+                else:
+                    yield Row(number, start_line, {k: v for k, v in record.items() if k is not None})
+                start_line = reader.line_num + 1
+        except csv.Error as error:  # the file cannot be read on from here (a quote never closed, a huge field)
+            raise TunecastError(f"not valid CSV from line {start_line} ({error})", field="dataset.path",
+                                hint="check the quoting on that line, or convert the file to JSONL") from None
 
 
 def _parquet(source: str) -> Iterator[Row | BadRow]:

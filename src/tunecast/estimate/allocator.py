@@ -46,7 +46,7 @@ def segment_size(size: int) -> int:
     return -(-size // ROUND_LARGE) * ROUND_LARGE
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     address: int
     size: int
@@ -58,57 +58,67 @@ class _Block:
 
 @dataclass
 class CachingAllocator:
-    """Replays malloc/free; `reserved` and `peak_reserved` are what torch.cuda would report."""
+    """Replays malloc/free; `reserved` and `peak_reserved` are what torch.cuda would report.
+
+    A replay calls it a million times for a cold plan: the rules above, written for speed (each pool a list of
+    (size, address) kept sorted, so that the best fit is the first at or above the size)."""
 
     reserved: int = 0
     peak_reserved: int = 0
     allocated: int = 0
     peak_allocated: int = 0
-    _pools: dict[bool, list[tuple[int, int, int]]] = field(default_factory=lambda: {True: [], False: []})
+    _small: list[tuple[int, int]] = field(default_factory=list)  # free blocks of the small pool
+    _large: list[tuple[int, int]] = field(default_factory=list)
     _by_address: dict[int, _Block] = field(default_factory=dict)
     _next_address: int = 0
 
     def malloc(self, nbytes: int) -> int:
         """Allocate; returns the block's address, the handle for `free`."""
-        size = round_size(nbytes)
+        size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK  # round_size
         small = size <= SMALL_SIZE
-        pool = self._pools[small]
-        index = bisect.bisect_left(pool, (size, -1, -1))
+        pool = self._small if small else self._large
+        index = bisect.bisect_left(pool, (size, -1))
         if index < len(pool):
-            _, address, _ = pool.pop(index)
-            block = self._by_address[address]
+            block = self._by_address[pool.pop(index)[1]]
         else:
             block = self._new_segment(segment_size(size), small)
         remainder = block.size - size
-        if (small and remainder >= MIN_BLOCK) or (not small and remainder > SMALL_SIZE):
-            rest = _Block(block.address + size, remainder, small, prev=block, next=block.next)
-            if block.next is not None:
-                block.next.prev = rest
+        if remainder >= MIN_BLOCK if small else remainder > SMALL_SIZE:
+            after = block.next
+            rest = _Block(block.address + size, remainder, small, True, block, after)
+            if after is not None:
+                after.prev = rest
             block.next = rest
             block.size = size
             self._by_address[rest.address] = rest
-            self._insert(rest)
+            bisect.insort(pool, (remainder, rest.address))
         block.free = False
-        self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        allocated = self.allocated + block.size
+        self.allocated = allocated
+        if allocated > self.peak_allocated:
+            self.peak_allocated = allocated
         return block.address
 
     def free(self, address: int) -> None:
         block = self._by_address[address]
         self.allocated -= block.size
         block.free = True
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and neighbour.free:
-                self._remove(neighbour)
-                block = self._merge(block, neighbour)
-        self._insert(block)
+        before, after = block.prev, block.next
+        if before is not None and before.free:
+            self._remove(before)
+            block = self._merge(block, before)
+        if after is not None and after.free:
+            self._remove(after)
+            block = self._merge(block, after)
+        bisect.insort(self._small if block.small else self._large, (block.size, block.address))
 
     def _new_segment(self, size: int, small: bool) -> _Block:
         block = _Block(self._next_address, size, small)
         self._next_address += size + (1 << 30)  # segments are never adjacent
         self._by_address[block.address] = block
         self.reserved += size
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
         return block
 
     def _merge(self, block: _Block, neighbour: _Block) -> _Block:
@@ -120,11 +130,8 @@ class CachingAllocator:
         del self._by_address[second.address]
         return first
 
-    def _insert(self, block: _Block) -> None:
-        bisect.insort(self._pools[block.small], (block.size, block.address, 0))
-
     def _remove(self, block: _Block) -> None:
-        pool = self._pools[block.small]
-        index = bisect.bisect_left(pool, (block.size, block.address, 0))
-        assert pool[index][:2] == (block.size, block.address)
+        pool = self._small if block.small else self._large
+        index = bisect.bisect_left(pool, (block.size, block.address))
+        assert pool[index] == (block.size, block.address)
         pool.pop(index)

@@ -24,6 +24,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import replays
+from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.settings import TraceSettings
@@ -213,6 +214,13 @@ def _seq_rungs(seq: int, window: int | None) -> list[int]:
     return _rungs(seq, _seq_ladder(), window)
 
 
+# Reserved (plus allocated) simulated at a ladder shape, by profiles, spec, shape and workspace: every estimate of a
+# plan (each micro-batch, each GPU count) climbs the same ladder, and a server's next plan of the model again.
+SIMULATED_KEPT = 65_536
+_SIMULATED: dict[tuple[Any, ...], tuple[ProfilePair, Fraction]] = {}
+_RAISED: dict[tuple[Any, ...], tuple[ProfilePair, list[list[Fraction]]]] = {}  # ladders, by what they were made of
+
+
 def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec: RunSpec, pair: ProfilePair,
                      batch: int, seq: int, workspace: int, trace: bool = True) -> int:
     """Bytes reserved at (batch, seq), made monotone in micro-batch and length.
@@ -245,22 +253,43 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
             pairs[regime] = other if other is not None and other.exact_shape is None else None
         return pairs[regime]
 
+    # the modelled terms read the spec (not its shape, given here, nor the GPU's name: its workspace is given)
+    settings_key = spec.model_dump_json(exclude={"seq_len": True, "micro_batch": True, "gpus": {"gpu"}})
+
     def simulated(b: int, s: int) -> Fraction:
         serves = serving(b, s)
         if serves is None:
             return Fraction(0)
+        key = (id(serves), settings_key, b, s, workspace)
+        kept = _SIMULATED.get(key)
+        if kept is not None and kept[0] is serves:  # the entry holds its profiles, so the id is not reused
+            return kept[1]
         step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace)
-        return Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
+        value = Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
+        if len(_SIMULATED) >= SIMULATED_KEPT:
+            _SIMULATED.clear()
+        _SIMULATED[key] = (serves, value)
+        return value
 
-    # raised[i][j]: the largest simulated reserved over the ladder shapes at or below (batches[i], seqs[j])
-    raised: list[list[Fraction]] = []
-    for i, b in enumerate(batches):
-        row: list[Fraction] = []
-        for j, s in enumerate(seqs):
-            below = [raised[i - 1][j]] if i else []
-            below += [row[j - 1]] if j else []
-            row.append(max([simulated(b, s), *below]))
-        raised.append(row)
+    # raised[i][j]: the largest simulated reserved over the ladder shapes at or below (batches[i], seqs[j]); the same
+    # for every shape between the same rungs (kept: a plan asks for many, a server for more)
+    ladder = (id(pair), config_digest(config_data), settings, settings_key, workspace, tuple(batches), tuple(seqs),
+              trace)
+    kept_ladder = _RAISED.get(ladder)
+    if kept_ladder is not None and kept_ladder[0] is pair:
+        raised = kept_ladder[1]
+    else:
+        raised = []
+        for i, b in enumerate(batches):
+            row: list[Fraction] = []
+            for j, s in enumerate(seqs):
+                below = [raised[i - 1][j]] if i else []
+                below += [row[j - 1]] if j else []
+                row.append(max([simulated(b, s), *below]))
+            raised.append(row)
+        if len(_RAISED) >= SIMULATED_KEPT:
+            _RAISED.clear()
+        _RAISED[ladder] = (pair, raised)
 
     def between(rungs: list[int], n: int) -> tuple[int, int, Fraction]:
         """Indices of the rungs around n, and n's position between them (0 at the lower, 1 at the upper).

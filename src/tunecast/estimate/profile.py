@@ -113,11 +113,20 @@ class StepProfile:
     table as it writes: the embedding's whole table when the batch has more tokens than the vocabulary)."""
 
     _columns: EventColumns | None = field(default=None, repr=False, compare=False)
+    _peaks: dict[tuple[bool, ...], Any] = field(default_factory=dict, repr=False, compare=False)
 
     def columns(self) -> EventColumns:
         if self._columns is None:
             self._columns = event_columns(self.events)
         return self._columns
+
+    def peak_table(self, positive: tuple[bool, ...]) -> Any:
+        """The table of this profile's peaks where the sizes `positive` allocate (peaks.py), made once."""
+        if positive not in self._peaks:
+            from tunecast.estimate.peaks import peak_table
+
+            self._peaks[positive] = peak_table(self.columns(), positive, MEASURED_STEP)
+        return self._peaks[positive]
 
     def flops_at(self, batch: int, seq: int) -> dict[str, float]:
         terms = basis(batch, seq)
@@ -218,16 +227,54 @@ class Replay:
     extra_allocated: int  # bytes allocated before the step (fixed blocks, e.g. cuBLAS workspaces)
 
 
+def _sizes(profile: StepProfile, batch: int, seq: int, cuda: bool) -> tuple[list[int], list[int]]:
+    """Each distinct size's bytes at (b, s), and the bytes it counts for (on CUDA, the allocator's rounding)."""
+    _, s1, s2, bs1, bs2, b1 = basis(batch, seq)
+    raws = [round(c[0] + c[1] * s1 + c[2] * s2 + c[3] * bs1 + c[4] * bs2 + c[5] * b1) if c else 0
+            for c in profile.columns().polys]
+    counts = [round_size(raw) if raw > 0 else 0 for raw in raws] if cuda else raws
+    return raws, counts
+
+
 def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
            fixed_blocks: tuple[int, ...] = (), reserve: bool = True) -> Replay:
     """Replay the profile at (b, s). On CUDA every block is rounded as the caching allocator does and the
     allocator's reserve is simulated (unless `reserve` is False: then `peak_reserved` is 0, and the rest is
-    the same, for a third of the time); `fixed_blocks` are allocated first (library workspaces)."""
-    _, s1, s2, bs1, bs2, b1 = basis(batch, seq)
+    the same); `fixed_blocks` are allocated first (library workspaces). What simulates no allocator is read off
+    the profile's table of peaks (peaks.py), the same integers as `replay_events` finds event by event."""
+    raws, counts = _sizes(profile, batch, seq, cuda)
+    positive = tuple(raw > 0 for raw in raws)
+    table = profile.peak_table(positive)
+    tabled = table.peaks([c if p else 0 for c, p in zip(counts, positive, strict=True)])
+    if tabled is None:  # sizes beyond the table's integers
+        return replay_events(profile, batch, seq, cuda=cuda, fixed_blocks=fixed_blocks, reserve=reserve)
+    allocator = CachingAllocator()
+    for size in fixed_blocks:
+        allocator.malloc(size)
+    extra = allocator.allocated
+    phases = {name: PhasePeak() for name in ("forward", "backward", "optimizer")}
+    for name, (allocated, breakdown) in tabled.items():
+        phases[name] = PhasePeak(allocated, breakdown)
+    if not cuda:  # a CPU keeps no cache: what it holds at the peak is what is allocated
+        return Replay(phases, max(p.allocated for p in phases.values()), extra)
+    if not reserve:
+        return Replay(phases, 0, extra)
+    malloc, free = allocator.malloc, allocator.free
+    addresses = [0] * table.slots
+    for slot, size in table.program:
+        if size >= 0:
+            addresses[slot] = malloc(raws[size])
+        else:
+            free(addresses[slot])
+    return Replay(phases, allocator.peak_reserved, extra)
+
+
+def replay_events(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
+                  fixed_blocks: tuple[int, ...] = (), reserve: bool = True) -> Replay:
+    """`replay`, event by event: every allocation and free on the simulated allocator (the reserve), and the live
+    bytes after each event (the peaks)."""
     columns = profile.columns()
-    raws = [round(c[0] + c[1] * s1 + c[2] * s2 + c[3] * bs1 + c[4] * bs2 + c[5] * b1) if c else 0
-            for c in columns.polys]
-    counts = [round_size(raw) if raw > 0 else 0 for raw in raws] if cuda else raws
+    raws, counts = _sizes(profile, batch, seq, cuda)
     allocator = CachingAllocator()
     for size in fixed_blocks:
         allocator.malloc(size)

@@ -18,6 +18,7 @@ from typing import Any
 
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress
+from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import (
@@ -28,7 +29,7 @@ from tunecast.estimate.shape import (
     sliding_window_offset,
     text_config_data,
 )
-from tunecast.paths import cache_dir
+from tunecast.paths import cache_file
 
 PROFILE_FORMAT = 18  # bump when what a profile holds changes
 
@@ -84,14 +85,27 @@ def _versions() -> dict[str, str]:
     return {"format": str(PROFILE_FORMAT), **library_versions()}
 
 
+_KEYS = Memo()  # profile keys: a plan asks for the same few hundreds of times
+
+
 def profile_key(config_data: dict[str, Any], settings: TraceSettings, batch: int, offset: int,
                 exact_shape: tuple[int, int] | None) -> str:
     regime = {"offset": offset, "single": batch == 1, "shape": exact_shape}
-    return settings.key({"config": text_config_data(config_data), "regime": regime}, _versions())
+    return _KEYS.get((config_digest(config_data), settings, batch == 1, offset, exact_shape),
+                     lambda: settings.key({"config": text_config_data(config_data), "regime": regime}, _versions()))
+
+
+_TEXTS = Memo()
+
+
+def config_text(config_data: dict[str, Any]) -> str:
+    """The language-model part of the config as canonical JSON (what names a template's instance)."""
+    return _TEXTS.get(config_digest(config_data),
+                      lambda: json.dumps(text_config_data(config_data), sort_keys=True, default=str))
 
 
 def _cache_path(key: str) -> Path:
-    return cache_dir() / "profiles" / f"{key}.json"
+    return cache_file("profiles", f"{key}.json")
 
 
 # Profiles read in this process, by cache file: a fit search reads the same ones dozens of times.
@@ -203,8 +217,7 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     above = templates.above_window(config_data, seq)
     window = sliding_window(config_data)
     key = templates.template_key(config_data, settings, multi, above)
-    instance = (templates.cache_path(key), json.dumps(text_config_data(config_data), sort_keys=True, default=str)
-                + str(settings.adapters.rank))
+    instance = (templates.cache_path(key), config_text(config_data) + str(settings.adapters.rank))
     if instance in _INSTANTIATED:
         return _INSTANTIATED[instance]
     try:

@@ -25,6 +25,7 @@ from typing import Any, overload
 
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
+from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
 from tunecast.estimate.settings import CHUNKING_VARIANTS, TraceSettings
 from tunecast.estimate.shape import (
@@ -37,7 +38,7 @@ from tunecast.estimate.shape import (
     text_config_data,
 )
 from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
-from tunecast.paths import cache_dir
+from tunecast.paths import cache_file
 
 TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())
 # The basis slot of each (b, s) exponent pair a size may have.
@@ -98,10 +99,19 @@ LINEAR_LAYERS = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma2"
                  "gpt2": frozenset({"c_attn", "c_proj", "c_fc"})}
 
 
+_KEYS = Memo()
+_APPLIES = Memo()
+
+
 def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False) -> str:
     """What a template depends on: the model's structure (not its dimensions), the settings but the LoRA
     rank, the micro-batch regime, the side of the sliding window, the depths traced and the library
     versions."""
+    return _KEYS.get((config_digest(config_data), settings, multi, above),
+                     lambda: _template_key(config_data, settings, multi, above))
+
+
+def _template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> str:
     chosen = depths(config_data)
     shallow = shallow_config_data(config_data, chosen[-1])
     shape = {k: v for k, v in symbols.structure(shallow).items() if k != "num_hidden_layers"}
@@ -129,6 +139,10 @@ def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     """Whether a template may serve this config: a model whose sizes the variables describe, not the chunked
     loss (its number of chunks depends on the length), and a mixture of experts in bf16 only (in float32
     weights its step does not run: memory.py refuses it)."""
+    return _APPLIES.get((config_digest(config_data), settings), lambda: _applies(config_data, settings))
+
+
+def _applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     config = text_config_data(config_data)
     if has_experts(config) and settings.precision != "bf16":
         return False
@@ -407,7 +421,7 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
 
 
 def cache_path(key: str) -> Path:
-    return cache_dir() / "templates" / f"{key}.json"
+    return cache_file("templates", f"{key}.json")
 
 
 def _shipped(key: str) -> dict[str, Any] | None:

@@ -126,15 +126,28 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
+# Keys of a RunSpec that change no training step's memory (the data, the schedule, checkpoints, evaluation, prices, the
+# planner's own options): left out of the key of an estimate (`Planner._estimate`), so that plans that differ in them
+# share their estimates. Every other key, present or future, is in it.
+NOT_MEMORY_KEYS: frozenset[str] = frozenset({
+    "dataset", "epochs", "max_steps", "learning_rate", "schedule", "warmup_steps", "warmup_ratio", "weight_decay",
+    "max_grad_norm", "seed", "log_every_steps", "output", "checkpoint", "eval", "pricing", "plan", "global_batch",
+    "grad_accum", "packing"})
+# The estimates of one model and catalog, by what else they depend on (Planner._estimate's key).
+Estimates = dict[tuple[Any, ...], MemoryEstimate]
+
+
 @dataclass
 class Planner:
     loaded: LoadedSpec
     catalog: Catalog
     workload: Workload
     calibration: Calibration | None = None
-    _memory: dict[tuple[Any, ...], MemoryEstimate] = field(default_factory=dict)
+    # estimates of this model and catalog: the plan's own, or ones a server keeps across plans of the model
+    _memory: Estimates = field(default_factory=dict)
     # the smallest estimate of each (GPU, count) that does not fit, for the memory chart of the report
     closest: dict[tuple[str, int], MemoryEstimate] = field(default_factory=dict)
+    _pairs: dict[tuple[Any, ...], ProfilePair] = field(default_factory=dict)
 
     @property
     def spec(self) -> RunSpec:
@@ -147,7 +160,8 @@ class Planner:
     def _estimate(self, spec: RunSpec, gpu: Gpu, micro_batch: int, checkpointing: bool) -> MemoryEstimate:
         # Memory depends on the GPU only through its architecture's cuBLAS workspace: cards of one
         # architecture share their estimates.
-        key = (spec.model_dump_json(exclude={"gpus": {"gpu"}}), gpu.architecture, micro_batch, checkpointing)
+        key = (spec.model_dump_json(exclude={"gpus": {"gpu"}, **dict.fromkeys(NOT_MEMORY_KEYS, True)}),
+               gpu.architecture, micro_batch, checkpointing)
         if key not in self._memory:
             on_cpu = is_cpu(gpu)
             self._memory[key] = estimate_memory(spec, self.loaded.model.data, device="cpu" if on_cpu else "cuda",
@@ -238,12 +252,12 @@ class Planner:
                        checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...],
                        internode_gb_per_s: float | None = None) -> Configuration:
         settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
-        pair = get_profiles(self.loaded.model.data, settings, micro_batch, spec.seq_len)
+        pair = self._profiles(settings, micro_batch, spec.seq_len)
         sequence = max(1, round(self.workload.tokens_per_sequence(micro_batch)))
         if not pair.covers(micro_batch, sequence):
             # traced at the longest sequence alone (its operations differed between shapes): the work of a step
             # is wanted at the length the micro-batches really have
-            pair = get_profiles(self.loaded.model.data, settings, micro_batch, sequence, exact=True)
+            pair = self._profiles(settings, micro_batch, sequence, exact=True)
         offloaded = memory.host_ram_gib * BYTES_PER_GIB if spec.activation_offload else 0.0
         step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
                          grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
@@ -271,6 +285,13 @@ class Planner:
         hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
         return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,
                              tokens_per_second, hours, eval_s / SECONDS_PER_HOUR, changes, notes, basis)
+
+    def _profiles(self, settings: TraceSettings, micro_batch: int, seq: int, *, exact: bool = False) -> ProfilePair:
+        """The step profiles of these settings, looked up once in the plan (every GPU and count asks again)."""
+        key = (settings, micro_batch, seq, exact)
+        if key not in self._pairs:
+            self._pairs[key] = get_profiles(self.loaded.model.data, settings, micro_batch, seq, exact=exact)
+        return self._pairs[key]
 
     def _eval_seconds(self, spec: RunSpec, pair: ProfilePair, gpu: Gpu, count: int, micro_batch: int,
                       sequence: int, steps: int) -> float:

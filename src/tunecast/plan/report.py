@@ -20,7 +20,7 @@ from tunecast.estimate import replays
 from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
 from tunecast.plan.calibration import Calibration, calibrated_device, check_against
-from tunecast.plan.planner import Option, Planner, mark_pareto, rank
+from tunecast.plan.planner import Estimates, Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
@@ -56,16 +56,22 @@ def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, tod
 
 
 def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The plan document (`tunecast plan --json`), from the cache when nothing it depends on changed."""
+              progress: Callable[[str], None] | None = None, estimates: Estimates | None = None,
+              cache: bool = True) -> dict[str, Any]:
+    """The plan document (`tunecast plan --json`), from the cache when nothing it depends on changed (`cache`: look
+    there, and keep the plan there; a server keeps its answers itself). `estimates`: memory estimates of this model
+    (its config as `loaded` holds it) and catalog that earlier plans made, used and added to (a server keeps them
+    across the plans of a model; the CLI plans once)."""
     _check(request)
-    path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json"
-    if path.is_file() and os.environ.get("TUNECAST_NO_CACHE") != "1":
+    cache = cache and os.environ.get("TUNECAST_NO_CACHE") != "1"
+    path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json" if cache else None
+    if path is not None and path.is_file():
         cached: dict[str, Any] = json.loads(path.read_text())
         return cached
     with replays.deferred():  # the replays of the plan's estimates, written once
-        document = _compute(loaded, catalog, request, today=today, progress=progress)
-    if os.environ.get("TUNECAST_NO_CACHE") != "1":
+        document = _compute(loaded, catalog, request, today=today, progress=progress,
+                            estimates={} if estimates is None else estimates)
+    if path is not None:
         write_text_atomic(path, json.dumps(document))
     return document
 
@@ -84,7 +90,7 @@ def _check(request: PlanRequest) -> None:
 
 
 def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
-             progress: Callable[[str], None] | None) -> dict[str, Any]:
+             progress: Callable[[str], None] | None, estimates: Estimates) -> dict[str, Any]:
     workload = workload_for(loaded, catalog)
     warnings: list[Problem] = []
     calibration = None
@@ -96,7 +102,7 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
         calibrated = calibrated_device(request.calibration, catalog)
         # the calibrated device is always among the options, with its measured figures
         gpus = [g for g in gpus if g.slug != calibrated.slug] + [calibrated]
-    planner = Planner(loaded, catalog, workload, calibration)
+    planner = Planner(loaded, catalog, workload, calibration, estimates)
     options = list(planner.options(gpus, interruptions_override=request.interruptions_per_hour, today=today,
                                    progress=progress))
     kept: list[Option] = []

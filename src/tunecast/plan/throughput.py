@@ -194,7 +194,8 @@ def compute_dtype(precision: str, measured: set[str]) -> str:
 
 def _work(pair: ProfilePair, micro_batch: int, seq: int) -> dict[str, float]:
     """The traced step's matmul and attention FLOPs and memory-bound bytes, at the model's depth."""
-    return {kind: _depth(pair, lambda p, k=kind: p.flops_at(micro_batch, seq).get(k, 0.0))
+    figures = {id(p): p.flops_at(micro_batch, seq) for p in (pair.shallow, pair.deeper)}  # each depth's, once
+    return {kind: _depth(pair, lambda p, k=kind: figures[id(p)].get(k, 0.0))
             for kind in ("matmul", "attention", "moved_bytes", "optimizer_bytes", "kernels", "random_elements",
                          "transcendental_bytes")}
 

@@ -3,6 +3,7 @@ from its declared size, times the epochs (or the steps)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
@@ -74,15 +75,11 @@ class Workload:
                 return self.processed_tokens / self.examples
             if micro_batch not in self._padded:
                 # declared: padded as examples of the assumed length distribution would be
-                assumed = assumed_lengths(self.mean_tokens, self.length_sigma, self.seq_len)
-                padded = Workload(len(assumed), sum(assumed), sum(assumed), 1, self.seq_len, False, True, "", 0,
-                                  assumed, seed=self.seed).tokens_per_sequence(micro_batch)
-                ratio = padded / (sum(assumed) / len(assumed))
+                ratio = _declared_padding(self.mean_tokens, self.length_sigma, self.seq_len, self.seed, micro_batch)
                 self._padded[micro_batch] = min(float(self.seq_len), self.mean_tokens * ratio)
             return self._padded[micro_batch]
         if micro_batch not in self._padded:
-            order = list(range(len(self.lengths)))
-            random.Random(self.seed).shuffle(order)
+            order = _shuffled(len(self.lengths), self.seed)
             padded = 0
             for start in range(0, len(order), micro_batch):
                 batch = order[start:start + micro_batch]
@@ -118,16 +115,11 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
     data = spec.dataset
     epochs = spec.epochs
     if data.path is not None:
-        from tunecast.data.counters import choose_counter
+        from tunecast.data.counters import spec_counter
         from tunecast.data.stats import measure
 
-        # the model as the config resolved it (a model folder is relative to the config file, not to here)
-        resolved = loaded.model
-        model = str(resolved.path.parent) if resolved.origin == "directory" else spec.model
-        counter = choose_counter(model=model if data.tokenizer is None else None, tokenizer=data.tokenizer,
-                                 catalog=catalog, base_dir=Path.cwd())
-        stats = measure(data.path, counter, seq_len=spec.seq_len, micro_batch=1, layout=data.format,
-                        train_on=data.train_on, skip_invalid=data.skip_invalid, seed=spec.seed)
+        stats = measure(data.path, spec_counter(loaded, catalog), seq_len=spec.seq_len, micro_batch=1,
+                        layout=data.format, train_on=data.train_on, skip_invalid=data.skip_invalid, seed=spec.seed)
         size = Path(data.path).stat().st_size if Path(data.path).is_file() else 0
         held = spec.eval.examples
         if held >= stats.examples:
@@ -156,12 +148,33 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
     return workload
 
 
+@functools.lru_cache(maxsize=1024)  # pure; a plan asks for each micro-batch, a server for each plan of a workload
+def _declared_padding(mean: float, sigma: float, seq_len: int, seed: int, micro_batch: int) -> float:
+    """Tokens computed per sequence over real ones, for micro-batches of shuffled examples of the lengths assumed for
+    a declared size."""
+    assumed = assumed_lengths(mean, sigma, seq_len)
+    padded = Workload(len(assumed), sum(assumed), sum(assumed), 1, seq_len, False, True, "", 0, assumed,
+                      seed=seed).tokens_per_sequence(micro_batch)
+    return padded / (sum(assumed) / len(assumed))
+
+
+@functools.lru_cache(maxsize=64)  # pure: the examples' order for the padding figures, the same for every micro-batch
+def _shuffled(count: int, seed: int) -> tuple[int, ...]:
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return tuple(order)
+
+
 def assumed_lengths(mean: float, sigma: float, seq_len: int) -> array[int]:
     """Example lengths log-normal with mean `mean` and shape `sigma`, at DECLARED_SAMPLES evenly spaced
     quantiles, truncated to `seq_len` (as the run truncates them)."""
+    return array("i", (max(1, min(seq_len, length)) for length in _quantile_lengths(mean, sigma)))
+
+
+@functools.lru_cache(maxsize=256)  # pure: the lengths before truncation, the same for every seq_len
+def _quantile_lengths(mean: float, sigma: float) -> tuple[int, ...]:
     normal = statistics.NormalDist(math.log(mean) - sigma * sigma / 2, sigma)
-    return array("i", (max(1, min(seq_len, round(math.exp(normal.inv_cdf((i + 0.5) / DECLARED_SAMPLES)))))
-                       for i in range(DECLARED_SAMPLES)))
+    return tuple(round(math.exp(normal.inv_cdf((i + 0.5) / DECLARED_SAMPLES))) for i in range(DECLARED_SAMPLES))
 
 
 def evaluations(workload: Workload, steps: int, global_batch: int, every_steps: int | None) -> int:

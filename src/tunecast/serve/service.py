@@ -1,0 +1,269 @@
+"""The web planner's answers, apart from HTTP: each is the document the CLI's `--json` prints for the same input,
+made by the same library functions (`load_spec_text` is `load_spec` for a config sent as text).
+
+What is kept between requests, and why the answers stay the CLI's:
+
+* the catalog, loaded once when the server starts (restart it to see a catalog edited since);
+* the answers themselves, in a bounded LRU keyed by everything a command's answer depends on: the resolved RunSpec
+  and the keys it sets, the model's config, the options, the dataset file's size and time, and the date;
+* each model's memory estimates, shared by its plans (`make_plan(estimates=…)`): an estimate is a pure function of
+  its key (the settings that shape a step, the GPU architecture, micro-batch, checkpointing) given the model's config
+  and the catalog, so a plan that changes prices, the dataset or the schedule recomputes none;
+* below that, what the estimator keeps in every process (profiles, templates, replays, tunecast/estimate/).
+
+One estimate runs at a time (the estimator's process-wide caches are not built for two threads at once, and two
+cores gain nothing from it under the GIL); a request waits for the one before it, and stops waiting when cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from tunecast.catalog.store import Catalog
+from tunecast.config.load import LoadedSpec, Override, imported_part, load_spec_text, merged_document, overrides_from
+from tunecast.plan.planner import Estimates
+from tunecast.serve.jobs import Job, encoded
+from tunecast.version import __version__, stamped
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+ANSWERS_KEPT = 256  # answers kept whole (a plan's is about 0.5 MB of JSON)
+MODELS_KEPT = 16  # models whose estimates are kept
+ESTIMATES_KEPT = 20_000  # estimates kept per model (about a kilobyte each)
+DECLARED_SIZE = ("examples", "mean_tokens", "mean_trained_tokens", "length_spread")  # dataset keys of a declared size
+
+
+class Lru(Generic[K, V]):
+    """A bounded mapping that forgets the least recently used entry first; safe to share between threads."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            if key not in self._items:
+                return None
+            self._items.move_to_end(key)
+            return self._items[key]
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A document and its encoded body (encoded once: an answer given again is not serialized again)."""
+
+    document: dict[str, Any]
+    body: bytes
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Answer:
+        stamp = stamped(document)
+        return cls(stamp, encoded(stamp))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What every run-based endpoint is sent: a RunSpec as YAML text ("" for none) and dotted overrides."""
+
+    config: str
+    overrides: dict[str, Any]
+
+
+class Service:
+    """The answers of one server: its catalog, what it keeps between requests, and the lock estimates run under."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.answers: Lru[str, Answer] = Lru(ANSWERS_KEPT)
+        self._estimates: Lru[str, Estimates] = Lru(MODELS_KEPT)
+        self._estimating = threading.Lock()
+        self._catalog_answer: Answer | None = None
+
+    # Reading a request's run
+
+    def load(self, run: RunRequest, extra: list[Override] | None = None) -> LoadedSpec:
+        """The run as `tunecast plan FILE --set …` reads it: validated, names resolved; a ConfigError listing every
+        problem otherwise, each located by line or by `overrides.KEY`."""
+        return load_spec_text(run.config, overrides_from(run.overrides) + (extra or []), self.catalog)
+
+    def _key(self, kind: str, loaded: LoadedSpec, options: Any) -> str:
+        """Everything `kind`'s answer for `loaded` depends on but the catalog (fixed for the server's life)."""
+        from tunecast.catalog import store
+
+        spec = loaded.spec
+        stamp = None
+        if spec.dataset.path and Path(spec.dataset.path).is_file():
+            status = Path(spec.dataset.path).stat()
+            stamp = [status.st_size, status.st_mtime_ns]
+        payload = json.dumps({"kind": kind, "spec": spec.model_dump(mode="json"),
+                              "set": spec.model_dump(mode="json", exclude_unset=True), "model": loaded.model.data,
+                              "model_name": loaded.model.name, "params": loaded.model.params,
+                              "imported": imported_part(loaded), "options": options, "dataset": stamp,
+                              "today": store.today().isoformat()}, sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+    def _model_estimates(self, loaded: LoadedSpec) -> Estimates:
+        digest = hashlib.sha256(json.dumps(loaded.model.data, sort_keys=True, default=str)
+                                .encode("utf-8", errors="surrogatepass")).hexdigest()
+        estimates = self._estimates.get(digest)
+        if estimates is None or len(estimates) > ESTIMATES_KEPT:
+            estimates = {}
+            self._estimates.put(digest, estimates)
+        return estimates
+
+    @contextmanager
+    def _estimate(self, job: Job) -> Iterator[None]:
+        """Hold the estimator: one estimate at a time; a cancelled job stops waiting."""
+        if not self._estimating.acquire(blocking=False):
+            job.hear("progress", "waiting for the estimate before this one")
+            while not self._estimating.acquire(timeout=0.1):
+                job.check()
+        try:
+            yield
+        finally:
+            self._estimating.release()
+
+    def _answer(self, key: str, job: Job, make: Any) -> Answer:
+        answer = self.answers.get(key)
+        if answer is None:
+            with self._estimate(job):
+                answer = Answer.of(make())
+            self.answers.put(key, answer)
+        return answer
+
+    # The answers
+
+    def health(self) -> dict[str, Any]:
+        return stamped({"version": __version__, "catalog": self.catalog.version})
+
+    def catalog_answer(self) -> Answer:
+        """The catalog's models and GPUs as `tunecast models --json` and `tunecast gpus --json` list them, and the
+        offers' providers (made once: the catalog does not change while the server runs)."""
+        from tunecast.catalog.listing import listed_gpus, model_documents, provider_documents
+
+        if self._catalog_answer is None:
+            self._catalog_answer = Answer.of({"models": stamped(model_documents(self.catalog)),
+                                              "gpus": stamped([g.document() for g in listed_gpus(self.catalog)]),
+                                              "providers": provider_documents(self.catalog)})
+        return self._catalog_answer
+
+    def plan(self, run: RunRequest, options: dict[str, Any], job: Job) -> Answer:
+        """`tunecast plan --json` of the run, with `--optimize`, `--budget`, `--deadline` and
+        `--preemptions-per-hour` from `options`."""
+        from tunecast.catalog import store
+        from tunecast.plan.report import PlanRequest, make_plan
+
+        loaded = self.load(run)
+        request = PlanRequest(options["optimize"], options["budget_usd"], options["deadline_hours"],
+                              options["preemptions_per_hour"])
+
+        def make() -> dict[str, Any]:
+            document = make_plan(loaded, self.catalog, request, today=store.today(),
+                                 progress=lambda gpu: job.hear("progress", f"planning {gpu}"),
+                                 estimates=self._model_estimates(loaded), cache=False)
+            return {**document, **imported_part(loaded)}
+
+        return self._answer(self._key("plan", loaded, request.__dict__), job, make)
+
+    def memory(self, run: RunRequest, options: dict[str, Any], job: Job) -> Answer:
+        """`tunecast memory --json` of the run on `options["device"]`."""
+        from tunecast.estimate.answer import answer_memory
+
+        loaded = self.load(run)
+        device = options["device"]
+
+        def make() -> dict[str, Any]:
+            answer = answer_memory(loaded, self.catalog, device=device)
+            return {**answer.as_dict(loaded), **imported_part(loaded)}
+
+        return self._answer(self._key("memory", loaded, device), job, make)
+
+    def data(self, run: RunRequest, sample_name: str, sample_text: str, job: Job) -> Answer:
+        """`tunecast data --json` of a sample file, counted as the run says (the model's tokenizer or the
+        estimate of its family, dataset.format, seq_len, micro_batch, dataset.train_on, skip_invalid, seed)."""
+        from tunecast.data.counters import spec_counter
+        from tunecast.data.stats import measure
+        from tunecast.serve.uploads import with_sample
+
+        def count(path: Path) -> Answer:
+            # the sample is the run's dataset, in place of its file or its declared size
+            loaded = self.load(run, [Override("dataset.path", str(path), "sample")]
+                               + [Override(f"dataset.{key}", None, "sample") for key in DECLARED_SIZE])
+            spec, data = loaded.spec, loaded.spec.dataset
+            with self._estimate(job):
+                stats = measure(str(path), spec_counter(loaded, self.catalog), seq_len=spec.seq_len,
+                                micro_batch=spec.micro_batch_size, layout=data.format, train_on=data.train_on,
+                                skip_invalid=data.skip_invalid, seed=spec.seed,
+                                progress=lambda n: job.hear("progress", f"reading the sample: {n:,} examples"))
+            return Answer.of(replace(stats, source=path.name).as_dict())
+
+        answer: Answer = with_sample(sample_name, sample_text, count)
+        return answer
+
+    def breakeven(self, run: RunRequest, options: dict[str, Any], job: Job) -> Answer:
+        """`tunecast breakeven --json` with `options` as its flags; with a run config, `--run` of it."""
+        from tunecast.catalog import store
+        from tunecast.plan.breakeven import BreakEvenOptions, answer_break_even
+
+        given = BreakEvenOptions(**options)
+        loader = None
+        if run.config.strip() or run.overrides:
+            self.load(run)  # the run is checked before anything is planned, as `--run FILE` is read first
+
+            def loader(overrides: list[Override]) -> LoadedSpec:
+                return self.load(run, overrides)
+
+        with self._estimate(job):
+            answer = answer_break_even(self.catalog, given, run=loader, today=store.today())
+        return Answer.of(answer.as_dict())
+
+    def export(self, run: RunRequest) -> Answer:
+        """A RunSpec YAML that `tunecast plan FILE` reads as this request's run: the config as sent with the
+        overrides set in it, paths written as the server resolved them (absolute)."""
+        import yaml
+
+        loaded = self.load(run)
+        document = merged_document(run.config, overrides_from(run.overrides))
+        if loaded.model.origin in ("file", "directory"):
+            model_path = loaded.model.path if loaded.model.origin == "file" else loaded.model.path.parent
+            document["model"] = str(model_path)
+        dataset = document.get("dataset")
+        if isinstance(dataset, dict):
+            for key in ("path", "tokenizer"):
+                if dataset.get(key) is not None:
+                    dataset[key] = getattr(loaded.spec.dataset, key)
+        if document.get("output") is not None:
+            document["output"] = loaded.spec.output
+        text = ("# exported by `tunecast serve`; plan it with: tunecast plan THIS_FILE\n"
+                + yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
+        return Answer.of({"yaml": text})
+
+    def add_model(self, config_json: dict[str, Any], name: str | None) -> dict[str, Any]:
+        """Keep a dropped config.json where `model:` can point at it; checked as `--model FILE` reads it."""
+        from tunecast.catalog.resolve import resolve_model
+        from tunecast.serve.uploads import store_model_config
+
+        path = store_model_config(config_json, name)
+        resolve_model(str(path), self.catalog, field="config_json")
+        return stamped({"model": str(path)})
+
