@@ -126,10 +126,10 @@ def _trl_head_without_triton(tokens: torch.Tensor, weight: torch.Tensor, targets
         from trl.kernels.chunked_logprob import ChunkedLogProbFunction
         from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
     except ImportError:
-        return FusedHeadLoss.apply(tokens, weight, targets)  # type: ignore[no-any-return]
+        return FusedHeadLoss.apply(tokens, weight, targets)
     log_probs = ChunkedLogProbFunction.apply(tokens, weight, None, targets.clamp(min=0), 1.0,
                                              _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("entropy", "is_top1"))[0]
-    return -log_probs.masked_fill(targets == IGNORE_INDEX, 0).sum()  # type: ignore[no-any-return]
+    return -log_probs.masked_fill(targets == IGNORE_INDEX, 0).sum()
 
 
 class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
