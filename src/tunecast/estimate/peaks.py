@@ -126,6 +126,7 @@ def peak_table(columns: EventColumns, positive: tuple[bool, ...], measured_step:
         np.add.at(delta, (at[0], at[1]), at[2])
     after = np.cumsum(delta, axis=0)  # live tensors of each size after each event
     rows = {phase: np.array(events, dtype=np.int64) for phase, events in checked.items() if events}
-    return PeakTable(rows, {phase: after[events] for phase, events in rows.items()}, most,
+    # kept as 32-bit counts (a few tensors of a size live at once): half the memory of a profile's table
+    return PeakTable(rows, {phase: after[events].astype(np.int32) for phase, events in rows.items()}, most,
                      np.array(moves, dtype=np.int64).T if moves else np.zeros((4, 0), dtype=np.int64), program,
                      len(program))

@@ -63,7 +63,10 @@ def num_layers(data: dict[str, Any]) -> int:
     config = _text_section(data)
     for key in ("num_hidden_layers", "n_layer", "num_layers"):
         value = config.get(key)
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 1:
+                raise TunecastError(f"the model config's {key} is {value}: a model has at least one layer",
+                                    field="model", hint=f"check {key} in the config.json")
             return value
     raise TunecastError("the model config has no layer count (num_hidden_layers)", field="model",
                         hint="give a decoder-only model's config.json")
@@ -108,6 +111,28 @@ def hf_config(data: dict[str, Any], *, name: str = "model") -> Any:
             f"transformers cannot build {name}: model_type {model_type!r} is unknown to it ({error})",
             field="model", hint="upgrade transformers, or use a model whose architecture it knows",
         ) from None
+    except Exception as error:
+        if not _refused_value(error):
+            raise
+        raise TunecastError(f"transformers refuses a value of {name}'s config: {_first_line(error)}", field="model",
+                            hint="check that value in the config.json (a whole number where one is expected)") from None
+
+
+def _refused_value(error: Exception) -> bool:
+    """Whether `error` is a config class refusing a value of the wrong type (transformers' configs are strict
+    dataclasses of huggingface_hub in transformers 5; a TypeError in older ones)."""
+    if isinstance(error, TypeError):
+        return True
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # a huggingface_hub before strict dataclasses
+        return False
+    return isinstance(error, StrictDataclassError)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return " ".join(line.strip() for line in lines[:2]) if lines else type(error).__name__
 
 
 def build_meta_model(data: dict[str, Any], *, name: str = "model", dtype: Any = None,

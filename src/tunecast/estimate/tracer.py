@@ -187,13 +187,15 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
     class Recording(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
             out = func(*args, **(kwargs or {}))
+            summed = 0  # bytes an in-place sum writes into memory it already holds (no allocation, still written)
             if recorder.summing:
                 if func is torch.ops.aten.add.Tensor and _summed_in_place(recorder, args, kwargs or {}, out):
                     recorder.adopt(out, args[0])
+                    summed = int(out.untyped_storage().nbytes())
                 elif func.overloadpacket is not torch.ops.aten.add and _launches_kernel(func):
                     recorder.summing = False
             written = [nbytes for leaf in tree_leaves(out) if isinstance(leaf, torch.Tensor)
-                       if (nbytes := recorder.track(leaf))]
+                       if (nbytes := recorder.track(leaf))] + ([summed] if summed else [])
             if not (recorder.counting or recorder.counting_optimizer):
                 return out
             kernel = _launches_kernel(func)
@@ -239,6 +241,8 @@ def _sums_in_place(loss: Any, recorder: _Recorder) -> Iterator[None]:
     A parameter's gradients meet in the input buffer of its AccumulateGrad node; the engine adds each node's
     outputs into those buffers after the node's post hooks ran and before the next node's pre hooks. Models with
     no such parameter get no hooks."""
+    import torch
+
     nodes: list[Any] = []
     incoming: dict[Any, int] = {}
     seen: set[Any] = set()
@@ -253,7 +257,10 @@ def _sums_in_place(loss: Any, recorder: _Recorder) -> Iterator[None]:
             if child is not None:
                 incoming[child] = incoming.get(child, 0) + 1
                 stack.append(child)
-    shared = [node for node, count in incoming.items() if count > 1 and hasattr(node, "variable")]
+    # parameters only: a leaf made to require gradients (the embeddings' output, for checkpointing frozen embeddings)
+    # is summed out of place here as before, which the shipped templates were traced with
+    shared = [node for node, count in incoming.items()
+              if count > 1 and isinstance(getattr(node, "variable", None), torch.nn.Parameter)]
     if not shared:
         yield
         return

@@ -21,7 +21,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,9 +36,9 @@ from tunecast.version import __version__, stamped
 K = TypeVar("K")
 V = TypeVar("V")
 
-ANSWERS_KEPT = 256  # answers kept whole (a plan's is about 0.5 MB of JSON)
-MODELS_KEPT = 16  # models whose estimates are kept
-ESTIMATES_KEPT = 20_000  # estimates kept per model (about a kilobyte each)
+ANSWERS_KEPT = 64  # answers kept, encoded (a plan over the whole catalog is about 0.5 MB of JSON)
+MODELS_KEPT = 8  # models whose estimates are kept
+ESTIMATES_KEPT = 5_000  # estimates kept per model (a plan makes about 200; each is a few kilobytes)
 DECLARED_SIZE = ("examples", "mean_tokens", "mean_trained_tokens", "length_spread")  # dataset keys of a declared size
 
 
@@ -70,15 +70,13 @@ class Lru(Generic[K, V]):
 
 @dataclass(frozen=True)
 class Answer:
-    """A document and its encoded body (encoded once: an answer given again is not serialized again)."""
+    """A document as the response's body, encoded once (an answer given again is not serialized again)."""
 
-    document: dict[str, Any]
     body: bytes
 
     @classmethod
     def of(cls, document: dict[str, Any]) -> Answer:
-        stamp = stamped(document)
-        return cls(stamp, encoded(stamp))
+        return cls(encoded(stamped(document)))
 
 
 @dataclass(frozen=True)
@@ -143,12 +141,14 @@ class Service:
         finally:
             self._estimating.release()
 
-    def _answer(self, key: str, job: Job, make: Any) -> Answer:
+    def _answer(self, key: str, job: Job, make: Callable[[], dict[str, Any]]) -> Answer:
         answer = self.answers.get(key)
         if answer is None:
             with self._estimate(job):
-                answer = Answer.of(make())
-            self.answers.put(key, answer)
+                answer = self.answers.get(key)  # made while this request waited
+                if answer is None:
+                    answer = Answer.of(make())
+                    self.answers.put(key, answer)
         return answer
 
     # The answers
@@ -227,7 +227,7 @@ class Service:
 
         given = BreakEvenOptions(**options)
         loader = None
-        if run.config.strip() or run.overrides:
+        if run.config.strip() or run.overrides:  # a run, as the page sends one (its keys as overrides); else none
             self.load(run)  # the run is checked before anything is planned, as `--run FILE` is read first
 
             def loader(overrides: list[Override]) -> LoadedSpec:
