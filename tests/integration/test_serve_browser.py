@@ -202,6 +202,9 @@ def test_the_page_plans_offline_and_draws_every_chart(tab: Tab) -> None:
     assert f"pays for itself after {breakeven['breakeven_hours']:,.0f} hours of use" in text
     assert f"buying pays off after {breakeven['work']['breakeven_runs']:.1f} runs" in text
     assert tab.shot("serve-page").stat().st_size > 50_000
+    page.locator("table[data-table=options] th", has_text="hours").click()  # report/sortable.js, the reports' own
+    hours = [float(row[9]) for row in rows(page)]
+    assert hours == sorted(hours) and hours != [float(row[9]) for row in shown]
     assert tab.foreign() == [] and tab.errors == []
     assert any(url.endswith("/static/plotly.min.js") for url in tab.requests)
 

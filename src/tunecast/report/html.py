@@ -17,6 +17,7 @@ import html
 import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from tunecast.version import __version__
@@ -57,36 +58,9 @@ footer { margin-top: 3rem; color: var(--muted); font-size: .85rem; }
 }
 """
 
-# Sorting for every table with class "sortable": by the clicked column, numbers as numbers (a cell's data-value
-# when it has one, so "$1,234.50" sorts by its amount).
-SORT_SCRIPT = """
-document.querySelectorAll("table.sortable").forEach(function (table) {
-  table.querySelectorAll("th").forEach(function (head, column) {
-    head.setAttribute("tabindex", "0");
-    function sort() {
-      var ascending = head.getAttribute("aria-sort") !== "ascending";
-      table.querySelectorAll("th").forEach(function (other) { other.removeAttribute("aria-sort"); });
-      head.setAttribute("aria-sort", ascending ? "ascending" : "descending");
-      var body = table.tBodies[0];
-      var rows = Array.prototype.slice.call(body.rows);
-      function key(row) {
-        var cell = row.cells[column];
-        var raw = cell.hasAttribute("data-value") ? cell.getAttribute("data-value") : cell.textContent;
-        var number = parseFloat(raw);
-        return isNaN(number) ? raw.toLowerCase() : number;
-      }
-      rows.sort(function (a, b) {
-        var x = key(a), y = key(b);
-        if (x === y) { return 0; }
-        return (x < y ? -1 : 1) * (ascending ? 1 : -1);
-      });
-      rows.forEach(function (row) { body.appendChild(row); });
-    }
-    head.addEventListener("click", sort);
-    head.addEventListener("keydown", function (event) { if (event.key === "Enter") { sort(); } });
-  });
-});
-"""
+# The sorting of tables (report/sortable.js, shared with the web planner's page), run on every table with class
+# "sortable".
+SORTABLE_JS = Path(__file__).with_name("sortable.js")
 
 
 def escape(text: object) -> str:
@@ -113,7 +87,8 @@ def page(title: str, subtitle: str, sections: Iterable[str]) -> str:
         *sections,
         f"<footer>Written by tunecast {escape(__version__)} on {made}. This file is self-contained: it loads nothing "
         "from the network.</footer>",
-        f"<script>{SORT_SCRIPT}</script>",
+        f"<script>{SORTABLE_JS.read_text(encoding='utf-8')}"
+        'document.querySelectorAll("table.sortable").forEach(sortableTable);</script>',
         "</body></html>",
     ])
 

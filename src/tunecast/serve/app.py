@@ -28,6 +28,7 @@ from tunecast.config.messages import dotted
 from tunecast.errors import Problem, TunecastError, error_document
 from tunecast.estimate import replays
 from tunecast.paths import default_user_catalog_dir
+from tunecast.report.html import SORTABLE_JS
 from tunecast.serve.bodies import BreakevenBody, DataBody, MemoryBody, ModelBody, PlanBody, RunBody
 from tunecast.serve.jobs import Job, Worker, encoded, internal_error
 from tunecast.serve.service import Answer, Service
@@ -151,6 +152,8 @@ def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = Non
             bundled = plotly_js()
             if bundled is not None:
                 return FileResponse(bundled, media_type="text/javascript")
+        if name == "sortable.js":  # the reports' table sorting, one script for both
+            return FileResponse(SORTABLE_JS, media_type="text/javascript")
         path = (STATIC / name).resolve()
         if STATIC not in path.parents:
             return _error(404, f"no file {name!r} among the page's files", "see /")

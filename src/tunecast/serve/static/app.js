@@ -904,32 +904,6 @@
 
   // ------------------------------------------------------------------------------------------------- wiring
 
-  function sortable(table) {
-    $$("table[data-table=options] th").forEach(function (head, column) {
-      head.setAttribute("tabindex", "0");
-      function sort() {
-        var ascending = head.getAttribute("aria-sort") !== "ascending";
-        table.querySelectorAll("th").forEach(function (other) { other.removeAttribute("aria-sort"); });
-        head.setAttribute("aria-sort", ascending ? "ascending" : "descending");
-        var body = table.tBodies[0];
-        var rows = Array.prototype.slice.call(body.rows);
-        function key(row) {
-          var cell = row.cells[column];
-          var raw = cell.hasAttribute("data-value") ? cell.getAttribute("data-value") : cell.textContent;
-          var number = parseFloat(raw);
-          return isNaN(number) ? raw.toLowerCase() : number;
-        }
-        rows.sort(function (a, b) {
-          var x = key(a), y = key(b);
-          return x === y ? 0 : (x < y ? -1 : 1) * (ascending ? 1 : -1);
-        });
-        rows.forEach(function (row) { body.appendChild(row); });
-      }
-      head.addEventListener("click", sort);
-      head.addEventListener("keydown", function (event) { if (event.key === "Enter") { sort(); } });
-    });
-  }
-
   function wire() {
     var form = $("#inputs");
     form.addEventListener("submit", function (event) { event.preventDefault(); commit(); });
@@ -967,7 +941,7 @@
       var row = event.target.closest("tr");
       if (row && row.dataset.key) { select(row.dataset.key); }
     });
-    sortable($("table[data-table=options]"));
+    sortableTable($("table[data-table=options]"));  // /static/sortable.js
 
     var drop = $("#drop");
     ["dragenter", "dragover"].forEach(function (name) {
