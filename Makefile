@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_CONFIG ?= examples/llama-3.1-8b-lora.yaml
 TRAIN_DEMO ?= examples/tiny-lora.yaml
 
-.PHONY: demo test lint typecheck unit clean screenshots
+.PHONY: demo test lint typecheck unit clean screenshots browser
 
 # SkyPilot in an environment of its own: it pins click below 8.2, which huggingface_hub 2 does not accept. The
 # exported task is read back by SkyPilot's parser from there (tests/unit/launch/test_launch.py).
@@ -33,15 +33,19 @@ demo: $(STAMP)
 	rm -rf runs/tiny-lora
 	$(BIN)/tunecast train $(TRAIN_DEMO)
 
-# the README's picture of the plan report (needs Debian's chromium)
-screenshots: $(STAMP)
+# Chromium for the browser tests and the screenshots: installed from the distribution when missing
+browser:
+	@scripts/ensure_chromium.sh
+
+# the README's picture of the plan report
+screenshots: $(STAMP) browser
 	$(BIN)/python scripts/screenshots.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts benchmarks
 	$(BIN)/mypy
 
-unit: $(STAMP) $(SKY_STAMP)
+unit: $(STAMP) $(SKY_STAMP) browser
 	$(BIN)/pytest -q -n 2 --dist worksteal --durations=25
 
 test: lint unit

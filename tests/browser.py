@@ -16,7 +16,7 @@ ARTIFACTS = Path(os.environ.get("TUNECAST_TEST_ARTIFACTS", str(REPO / "test-arti
 def chromium() -> str:
     found = os.environ.get("TUNECAST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        raise AssertionError("no chromium to render the reports in: `apt-get install chromium` (.ci/run does)")
+        raise AssertionError("no chromium to render the reports in: `make browser` installs it (make test does so first)")
     return found
 
 

@@ -138,3 +138,21 @@ def test_a_mixture_of_experts_in_float32_weights_is_refused_with_the_field_to_ch
     assert result.code == 2
     assert f"precision {precision}: a mixture-of-experts model's memory is estimated in bf16 only" in result.stderr
     assert "--precision bf16" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_is_a_pre_flight_gate_that_exits_3_when_the_run_does_not_fit(cli) -> None:
+    fits = cli(*ACCEPTANCE, "--gpu", "a100-80gb", "--check")
+    assert fits.code == 0, fits.stderr
+    assert "does not fit" not in fits.stderr
+    over = cli(*ACCEPTANCE, "--gpu", "rtx-4090", "--check", "--json")
+    assert over.code == 3
+    assert over.json()["fits"] is False  # the document is printed whole before the verdict
+    assert "does not fit:" in over.stderr and "over the 23.99 GiB usable on rtx-4090" in over.stderr
+    without = cli(*ACCEPTANCE, "--gpu", "rtx-4090")  # no gate asked: a verdict, not a status
+    assert without.code == 0
+
+
+def test_check_without_a_gpu_is_a_user_error(cli) -> None:
+    result = cli(*ACCEPTANCE, "--check")
+    assert result.code == 2
+    assert "--check needs a GPU" in result.stderr and "--gpu" in result.stderr

@@ -12,9 +12,10 @@ from rich.table import Table
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
-from tunecast.cli.render import out, print_json, print_problems, working
+from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import LoadedSpec, imported_part
+from tunecast.errors import TunecastError
 from tunecast.estimate.answer import MemoryAnswer, answer_memory
 from tunecast.units import format_params
 
@@ -35,20 +36,33 @@ def memory_command(
         help="With --gpu, estimate every suggested change, tracing those no shipped template or cached estimate "
              "covers (about a minute each for a large model on a laptop CPU). Without it they are listed with "
              "no figure.")] = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="A pre-flight gate: exit 0 when the run fits the GPU (--gpu, or gpus.gpu in the config) and "
+                        f"{DOES_NOT_FIT} when it does not, with the reason on stderr.")] = False,
     *,
     spec_args: SpecArgs,
-) -> None:
+) -> int:
     """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
     loaded = load_from_cli(ctx, config, spec_args)
+    if check and loaded.gpu is None:
+        raise TunecastError("--check needs a GPU to check the run against", field="--check",
+                            hint="name it with --gpu (for example --gpu a100-80gb, or --gpu local), or gpus.gpu in the "
+                                 "config")
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
         answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions)
     if json_output:
         print_json({**answer.as_dict(loaded), **imported_part(loaded)})
-        return
-    _render(loaded, answer)
-    print_problems(list(loaded.warnings))
-    print_imported(loaded)
+    else:
+        _render(loaded, answer)
+        print_problems(list(loaded.warnings))
+        print_imported(loaded)
+    if check and answer.fit is not None and not answer.fit.fits:
+        fit = answer.fit
+        err.print(f"does not fit: {answer.estimate.device_total_gib:.2f} GiB per GPU, {-fit.headroom_gib:.2f} GiB over "
+                  f"the {fit.capacity_gib:.2f} GiB usable on {fit.gpu}")
+        return DOES_NOT_FIT
+    return 0
 
 
 def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:

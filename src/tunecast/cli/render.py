@@ -17,6 +17,10 @@ from tunecast.errors import Problem, TunecastError, error_document
 from tunecast.estimate.progress import listening
 from tunecast.version import stamped
 
+# `--check` (memory, plan): the exit status of a run that does not fit, apart from 0 (fits), 1 (a bug) and 2 (a user
+# error), so that a CI job or launch script can tell "does not fit" from "could not tell".
+DOES_NOT_FIT = 3
+
 # Piped or captured output is not squeezed to 80 columns: tables stay readable in files and READMEs.
 out = Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 130)
 err = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 130)
