@@ -77,3 +77,18 @@ def test_bad_options_are_user_errors(cli) -> None:
 def test_a_missing_file(cli, tmp_path) -> None:
     result = cli("data", str(tmp_path / "nope.jsonl"))
     assert result.code == 2 and "does not exist" in result.stderr
+
+
+def test_a_run_config_is_measured_with_its_dataset_settings_and_tokenizer(cli, tmp_path) -> None:
+    config = REPO / "examples" / "tiny-lora.yaml"
+    from_config = cli("data", str(config), "--json").json()
+    by_hand = cli("data", str(REPO / "examples/data/alpaca.jsonl"), "--tokenizer", str(REPO / "examples/tiny-model"),
+                  "--seq-len", "256", "--micro-batch", "4", "--json").json()
+    assert from_config == by_hand  # the config's file, tokenizer, seq_len and micro_batch
+    assert from_config["tokenizer_exact"] is True
+    shorter = cli("data", str(config), "--seq-len", "32", "--json").json()  # a flag still wins over the config
+    assert shorter["seq_len"] == 32 and shorter["micro_batch"] == 4
+    bare = tmp_path / "run.yaml"
+    bare.write_text("model: meta-llama/Llama-3.1-8B\n")
+    result = cli("data", str(bare))
+    assert result.code == 2 and "has no dataset.path" in result.stderr
