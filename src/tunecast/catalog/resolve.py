@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tunecast.catalog.models import ModelConfig, file_name_for, read_config_file
 from tunecast.catalog.store import Catalog
-from tunecast.errors import TunecastError
+from tunecast.errors import TunecastError, did_you_mean, suggestion_text
 from tunecast.paths import cache_dir
 
 DOWNLOADS_DIR = "downloaded-configs"
@@ -42,19 +42,65 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
         return _downloaded(name, cached, field)
     if allow_download and _looks_like_repo_id(name):
         return _downloaded(name, download_config(name, field=field), field)
+    local = _meant_as_path(name, base_dir)
+    if local is not None:
+        raise _missing_path(name, local, field)
     raise TunecastError(f"unknown model {name!r}: not a local path and not in the catalog", field=field,
-                        hint=_unknown_hint(name, catalog))
+                        hint=_unknown_hint(name, catalog, base_dir))
 
 
-def _unknown_hint(name: str, catalog: Catalog) -> str:
+def _unknown_hint(name: str, catalog: Catalog, base_dir: Path | None) -> str:
     parts = []
     close = catalog.models.suggestion(name)
     if close:
         parts.append(close)
+    nearby = did_you_mean(name, _model_folders(base_dir or Path.cwd()), n=1)
+    if nearby:
+        parts.append(f"Did you mean the model folder {nearby[0]!r}?")
     if _looks_like_repo_id(name):
         parts.append("pass --allow-download to fetch its config.json from the Hugging Face Hub")
-    parts.append("or give a model directory or a config JSON file; `tunecast models` lists the catalog")
+    parts.append(f"{'or ' if parts else ''}give a model directory or a config JSON file; `tunecast models` lists the "
+                 "catalog")
     return "; ".join(parts)
+
+
+def _model_folders(directory: Path) -> list[str]:
+    """The folders in `directory` that hold a config.json: local models a misspelt name may mean."""
+    try:
+        return [entry.name for entry in directory.iterdir() if (entry / "config.json").is_file()]
+    except OSError:
+        return []
+
+
+def _meant_as_path(name: str, base_dir: Path | None) -> Path | None:
+    """Where `name` points when it reads as a local path rather than a Hub id: it starts with `.`, `/` or `~`, ends in
+    .json, or its first folder exists here (`models/my-model` with a `models` folder). None for a name like an id."""
+    try:
+        candidate = Path(name).expanduser()
+        root = base_dir if base_dir is not None and (base_dir / candidate.parts[0]).exists() else Path.cwd()
+        explicit = name.startswith((".", "/", "~")) or name.endswith(".json")
+        if explicit or (len(candidate.parts) > 1 and (root / candidate.parts[0]).is_dir()):
+            return candidate if candidate.is_absolute() else root / candidate
+    except (OSError, ValueError, RuntimeError, IndexError):  # no path this system can have
+        return None
+    return None
+
+
+def _missing_path(name: str, path: Path, field: str) -> TunecastError:
+    """A local model path that does not exist: what is there instead (no download: it is no Hub id)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    try:
+        entries = [entry.name for entry in parent.iterdir()]
+    except OSError:
+        entries = []
+    missing = path.relative_to(parent).parts[0] if path.is_relative_to(parent) else path.name
+    close = suggestion_text(missing, entries)
+    return TunecastError(f"model {name!r}: {path} does not exist ({parent} has no {missing!r})", field=field,
+                         hint=(f"{close} " if close else "") + "Give the folder that holds the model's config.json (as "
+                         "save_pretrained writes it), or a config JSON file; a relative path in a config file is "
+                         "taken relative to the file's folder, on the command line to the current directory")
 
 
 def _looks_like_repo_id(name: str) -> bool:

@@ -12,7 +12,8 @@ from tunecast.atomic import write_text_atomic
 from tunecast.cli.app import state
 from tunecast.cli.render import err, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import LoadedSpec, load_spec
+from tunecast.config.load import LoadedSpec, imported_part, load_spec
+from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.units import format_params
 
@@ -65,9 +66,9 @@ def _summary(loaded: LoadedSpec) -> list[tuple[str, str]]:
         method += f" (rank {spec.lora.rank}, alpha {spec.lora.alpha}, {targets}{', DoRA' if spec.lora.dora else ''})"
     rows.append(("method", method))
     rows.append(("precision", f"{spec.precision}, optimizer {spec.optimizer}"))
-    per_step = spec.global_batch or spec.micro_batch_size * spec.grad_accum * spec.gpus.count
-    rows.append(("batch", f"micro_batch {spec.micro_batch} × {spec.seq_len} tokens; {per_step} sequences "
-                          "per optimizer step"))
+    rows.append(("batch", f"micro_batch {spec.micro_batch} × {spec.seq_len} tokens; {spec.sequences_per_step} "
+                          "sequences per optimizer step"))
+    rows.append(("length", _length(spec)))
     gpu = f"{spec.gpus.count} × {loaded.gpu.slug}" if loaded.gpu else f"{spec.gpus.count} × any GPU"
     rows.append(("gpus", f"{gpu} ({spec.gpus.strategy}, offload {spec.gpus.offload})"))
     data = spec.dataset
@@ -78,6 +79,17 @@ def _summary(loaded: LoadedSpec) -> list[tuple[str, str]]:
     else:
         rows.append(("dataset", "none given (needed by plan and train)"))
     return rows
+
+
+def _length(spec: RunSpec) -> str:
+    """How long the run is, in the words of its keys (the steps they make need the dataset: `plan`, `train`)."""
+    epochs = f"{spec.epochs:g} epoch{'' if spec.epochs == 1 else 's'}"
+    if spec.max_steps is None:
+        return epochs
+    if not spec.fixed("epochs"):
+        return f"max_steps {spec.max_steps} (as many passes as they take; the schedule over {spec.max_steps} steps)"
+    return (f"max_steps {spec.max_steps} ends the run early, or the {epochs} if they end first; the learning-rate "
+            f"schedule is the {epochs}'")
 
 
 @spec_command
@@ -91,7 +103,7 @@ def validate_command(
     spec_args: SpecArgs,
 ) -> None:
     """Check a run config: every problem at once, each with its key, the reason and the fix."""
-    if config is None and not spec_args.overrides:
+    if config is None and not spec_args.overrides and spec_args.source is None:
         raise TunecastError("nothing to validate", field="config",
                             hint="give a config file (tunecast validate run.yaml) or flags such as --model")
     loaded = load_from_cli(ctx, config, spec_args)
@@ -100,7 +112,7 @@ def validate_command(
                     "model": {"name": loaded.model.name, "origin": loaded.model.origin,
                               "config_path": str(loaded.model.path), "model_type": loaded.model.model_type,
                               "params": loaded.model.params},
-                    "warnings": [w.as_dict() for w in loaded.warnings]})
+                    "warnings": [w.as_dict() for w in loaded.warnings], **imported_part(loaded)})
         return
     if show:
         import yaml  # here: the commands that share load_from_cli print no YAML
@@ -112,6 +124,7 @@ def validate_command(
         for label, text in _summary(loaded):
             out.print(f"  {label:<10} {escape(text)}")
     print_problems(list(loaded.warnings))
+    print_imported(loaded)
 
 
 def init_command(

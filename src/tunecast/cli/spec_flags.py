@@ -34,6 +34,7 @@ class Flag:
 
 FLAGS: tuple[Flag, ...] = (
     Flag("model", "model", ("--model", "-m"), str),
+    Flag("random_weights", "random_weights", ("--random-weights/--no-random-weights",), bool),
     Flag("method", "method", ("--method",), str),
     Flag("lora_rank", "lora.rank", ("--lora-rank",), int),
     Flag("lora_alpha", "lora.alpha", ("--lora-alpha",), int),

@@ -1,15 +1,27 @@
-"""Rules that involve several fields or the catalog. Each returns Problems; none raises."""
+"""Rules that involve several fields, the catalog or the model. Each returns Problems; none raises."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from tunecast.catalog.models import ModelConfig
 from tunecast.catalog.store import Catalog
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import MAX_GLOBAL_BATCH, STRATEGY_ENGINES, RunSpec
 from tunecast.errors import Problem, suggestion_text
 
 # Where a key's value came from, for messages: "line 7", "--seq-len", or None for a default.
 Locate = Callable[[str], "str | None"]
+
+# How far past a model's context `seq_len` may go. Rotary position embeddings run at any length, and fine-tunes do
+# extend a context by position interpolation (2 to 4 times in its paper, Chen et al. 2023, arXiv:2306.15595);
+# beyond that a length is a typo. Learned absolute positions (GPT-2's `n_positions`) have no row past the context.
+CONTEXT_MARGIN = 4
+# GPUs of one machine: the planner plans 1 to 8 GPUs of any GPU, pricing single-GPU offers as 8 of them on one machine
+# (plan/cost.py GPUS_PER_NODE; a test keeps the two equal).
+NODE_GPUS = 8
+# Nodes of one run that the gpus.count bound allows on offers that publish a network between nodes (the planner
+# joins 8-GPU nodes of those offers; a fine-tune over more than 64 nodes is not one this tool plans).
+MAX_NODES = 64
 
 
 def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
@@ -32,9 +44,14 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
             options = [n for n in (lower, lower + per_step) if n > 0]
             add("global_batch", f"{spec.global_batch} is not a multiple of {what}",
                 f"set global_batch to {' or '.join(str(n) for n in options)}")
-    if spec.fixed("epochs") and spec.max_steps is not None:
-        add("max_steps", "is set together with epochs; the run would stop at whichever comes first",
-            "keep one of epochs and max_steps")
+    if spec.global_batch is None:
+        product = spec.micro_batch_size * spec.grad_accum * spec.gpus.count
+        if product > MAX_GLOBAL_BATCH:
+            sizes = {"grad_accum": spec.grad_accum, "micro_batch": spec.micro_batch_size, "gpus.count": spec.gpus.count}
+            key = max(sizes, key=lambda k: (spec.fixed(k), sizes[k]))  # the largest of those the user set
+            add(key, f"micro_batch × grad_accum × gpus.count = {product:,} sequences per optimizer step, over the "
+                f"{MAX_GLOBAL_BATCH:,} a run may take", "fine-tunes take tens to a few thousand sequences per step: "
+                "check micro_batch, grad_accum and gpus.count for a typo")
     if spec.warmup_steps and spec.warmup_ratio:
         add("warmup_ratio", "is set together with warmup_steps", "keep one of warmup_steps and warmup_ratio")
     if spec.optimizer_in_backward and spec.grad_accum > 1:
@@ -60,7 +77,62 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
     if spec.method == "full" and spec.fixed("lora"):
         add("lora", "is ignored with method full", "remove the lora section or use method lora",
             severity="warning")
+    if spec.runner == "tunecast":  # another tool's limits are its own; global_batch is checked above
+        problems.extend(p for p in distributed_problems(spec, spec.gpus.count, locate) if p.field != "global_batch")
     _dataset_problems(spec, add)
+    return problems
+
+
+def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = None) -> list[Problem]:
+    """What tunecast's own loop cannot do over several processes. `validate` asks with gpus.count, the run itself
+    (train/session.py) with its real number of processes, so that both refuse the same runs before anything
+    starts."""
+    if processes <= 1:
+        return []
+    problems: list[Problem] = []
+
+    def add(key: str, message: str, hint: str) -> None:
+        problems.append(Problem(key, message, hint, location=locate(key) if locate is not None else None))
+
+    if spec.loss == "chunked":
+        add("loss", f"chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to "
+            f"see ({processes} processes)", "use loss: standard with several GPUs, or train on one")
+    if spec.method == "qlora" and spec.gpus.strategy != "ddp":
+        add("gpus.strategy", f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_ENGINES[spec.gpus.strategy]} "
+            f"({processes} processes)", "use gpus.strategy: ddp for QLoRA (each GPU holds the 4-bit base), or "
+            "method: lora with fsdp")
+    if spec.optimizer_in_backward:
+        add("optimizer_in_backward", "steps each parameter inside the backward pass, before its gradient is averaged "
+            f"over the {processes} processes", "set optimizer_in_backward: false with several GPUs, or train on one")
+    if spec.global_batch is not None and spec.global_batch % processes:
+        lower = spec.global_batch // processes * processes
+        options = [n for n in (lower, lower + processes) if n > 0]
+        add("global_batch", f"{spec.global_batch} does not divide over {processes} processes",
+            f"set global_batch to {' or '.join(str(n) for n in options)}")
+    return problems
+
+
+def model_problems(spec: RunSpec, model: ModelConfig, locate: Locate) -> list[Problem]:
+    """Values the model's config bounds: the length against its context, the LoRA targets against its modules."""
+    from tunecast.config.targets import targets_problem
+
+    problems: list[Problem] = []
+    context = model.max_position_embeddings
+    if context is not None:
+        learned = "n_positions" in model.text_config and "max_position_embeddings" not in model.text_config
+        most = context if learned else context * CONTEXT_MARGIN
+        if spec.seq_len > most:
+            key = "n_positions" if learned else "max_position_embeddings"
+            why = ("its positions are learned, one row per position" if learned
+                   else f"{CONTEXT_MARGIN} × that is the most a fine-tune stretches a context")
+            problems.append(Problem("seq_len", f"{spec.seq_len:,} tokens is over the {most:,} allowed for "
+                                    f"{model.name}: its context is {context:,} tokens ({key} in {model.path}), and "
+                                    f"{why}", f"set seq_len to at most {most:,}, for example {min(context, 2048)}",
+                                    location=locate("seq_len")))
+    if spec.method != "full":
+        problem = targets_problem(spec.lora.targets, model)
+        if problem is not None:
+            problems.append(Problem(problem.field, problem.message, problem.hint, location=locate("lora.targets")))
     return problems
 
 
@@ -94,8 +166,13 @@ def _dataset_problems(spec: RunSpec, add: Callable[..., None]) -> None:
 
 
 def catalog_problems(spec: RunSpec, catalog: Catalog, locate: Locate) -> list[Problem]:
-    """GPU names, FP8 support and provider names, checked against the catalog."""
+    """GPU names, FP8 support, provider names and the number of GPUs, checked against the catalog."""
     problems: list[Problem] = []
+    most, where = _most_gpus(catalog)
+    if spec.gpus.count > most:
+        problems.append(Problem("gpus.count", f"{spec.gpus.count:,} GPUs is more than any offer in the catalog has "
+                                f"({most}: {where})", f"set gpus.count to at most {most}; `tunecast offers` lists "
+                                "the offers", location=locate("gpus.count")))
     if spec.gpus.gpu is not None:
         gpu = catalog.gpus.find(spec.gpus.gpu)
         if gpu is None:
@@ -113,3 +190,18 @@ def catalog_problems(spec: RunSpec, catalog: Catalog, locate: Locate) -> list[Pr
                                     near or f"known providers: {', '.join(known)}",
                                     location=locate("pricing.providers")))
     return problems
+
+
+def _most_gpus(catalog: Catalog) -> tuple[int, str]:
+    """The most GPUs one run can have among the catalog's offers (and measured machines), and how."""
+    most, where = NODE_GPUS, f"{NODE_GPUS} GPUs on one machine"
+    for offer in catalog.offers:
+        nodes = MAX_NODES if offer.internode_gb_per_s else 1
+        if offer.gpu_count * nodes > most:
+            most = offer.gpu_count * nodes
+            where = (f"{nodes} nodes of {offer.gpu_count} {offer.gpu} joined by their network" if nodes > 1 else
+                     f"{offer.gpu_count} × {offer.gpu} on one machine")
+    for gpu in catalog.gpus:
+        if gpu.measured is not None and gpu.measured.device.count > most:
+            most, where = gpu.measured.device.count, f"the {gpu.measured.device.count} devices probed on {gpu.slug}"
+    return most, where

@@ -14,8 +14,8 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.models import ModelConfig
 from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
-from tunecast.config.checks import catalog_problems, cross_field_problems
-from tunecast.config.messages import dotted, problem_from_error
+from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
+from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
 from tunecast.config.spec import RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
 
@@ -24,11 +24,14 @@ if TYPE_CHECKING:
 
 # Placeholder for a missing model while the rest of the config is checked; never leaves this module.
 _MISSING_MODEL = "<missing>"
+# Keys that say one thing two ways: a value of one on the command line replaces the file's value of the other.
+_ONE_OF = (("global_batch", "grad_accum"), ("warmup_steps", "warmup_ratio"))
 
 
 @dataclass(frozen=True)
 class Override:
-    """One value given on the command line: `key` is dotted, `origin` is what the user typed."""
+    """One value given on the command line: `key` is dotted, `origin` is what the user typed. It replaces the file's
+    value; None (`--set key=null` or `~`) removes the key, so that its default applies."""
 
     key: str
     value: Any
@@ -113,7 +116,10 @@ def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]
     `load_spec_text` checks it)."""
     raw, _, _ = _parse(yaml_text) if yaml_text.strip() else ({}, {}, [])
     for override in overrides:
-        _set_dotted(raw, override.key, override.value)
+        if override.value is None and override.key in all_keys():
+            _delete(raw, tuple(override.key.split(".")))
+        else:
+            _set_dotted(raw, override.key, override.value)
     return raw
 
 
@@ -122,11 +128,8 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
           imported: Imported | None) -> LoadedSpec:
     origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
     for override in overrides:
-        if _set_dotted(raw, override.key, override.value):
-            origins[override.key] = override.origin
-        else:
-            problems.append(Problem(override.key, "cannot be set: a parent key is not a section",
-                                    "fix the parent key in the file first", location=override.origin))
+        _apply(raw, origins, override, problems)
+    problems.extend(_one_of(raw, origins, overrides))
 
     def locate(key: str) -> str | None:
         while key:
@@ -153,6 +156,8 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                 model = resolve_model(spec.model, catalog, base_dir=model_dir, allow_download=allow_download)
             except TunecastError as error:
                 problems.append(Problem("model", error.message, error.hint, location=locate("model")))
+            else:
+                problems.extend(model_problems(spec, model, locate))
         if spec.gpus.gpu is not None:
             gpu = catalog.gpus.find(spec.gpus.gpu)
             if gpu is not None:
@@ -207,6 +212,47 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def _apply(raw: dict[str, Any], origins: dict[str, str], override: Override, problems: list[Problem]) -> None:
+    """Put `override` into the document `raw`, replacing the file's value; None unsets a key (its default applies),
+    which a required key cannot be."""
+    key = override.key
+    if override.value is None and key in all_keys():  # an unknown key is set, to be reported with its near names
+        path = tuple(key.split("."))
+        model = model_at(path)
+        field = model.model_fields.get(path[-1]) if model is not None else None
+        if field is not None and field.is_required():
+            problems.append(Problem(key, "is required: it cannot be unset", f"give {key} a value instead (--set "
+                                    f"{key}=…)", location=override.origin))
+            return
+        _delete(raw, path)
+        for known in [k for k in origins if k == key or k.startswith(f"{key}.")]:
+            del origins[known]
+        return
+    if _set_dotted(raw, key, override.value):
+        origins[key] = override.origin
+    else:
+        problems.append(Problem(key, "cannot be set: a parent key is not a section",
+                                "fix the parent key in the file first", location=override.origin))
+
+
+def _one_of(raw: dict[str, Any], origins: dict[str, str], overrides: list[Override]) -> list[Problem]:
+    """A command-line value of one of two keys that say the same thing two ways (global_batch and grad_accum)
+    replaces the file's value of the other, as it would replace the file's value of its own key: said in a
+    warning."""
+    given = {o.key for o in overrides if o.value is not None}
+    notes = []
+    for pair in _ONE_OF:
+        for key, other in (pair, pair[::-1]):
+            written = origins.get(other, "")
+            if key in given and other not in given and other in raw and written.startswith("line"):
+                del raw[other]
+                del origins[other]
+                notes.append(Problem(other, f"gives way to {origins[key]}: the two set one thing, and a value on the "
+                                     "command line replaces the file's", f"remove {other} from the file to keep "
+                                     f"{key}", severity="warning", location=written))
+    return notes
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> bool:
     node = data
     *parents, leaf = key.split(".")
@@ -220,7 +266,8 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> bool:
 
 
 def _delete(data: dict[str, Any], loc: tuple[int | str, ...]) -> None:
-    """Remove the value at `loc` (or the list that holds it) so that the rest can be checked."""
+    """Remove the value at `loc` (or the list that holds it): so that the rest can be checked, or so that the key's
+    default applies."""
     names = [part for part in loc if isinstance(part, str)]
     node: Any = data
     for part in names[:-1]:
@@ -257,13 +304,15 @@ def _resolve_paths(spec: RunSpec, origins: dict[str, str], base_dir: Path | None
     """Relative paths written in the file are relative to the file; those typed on the command line
     are relative to the current directory. Local dataset files must exist."""
 
+    def from_file(key: str) -> bool:
+        return origins.get(key, "").startswith("line") and base_dir is not None
+
     def absolute(key: str, value: str) -> str:
         if "://" in value:
             return value
         candidate = Path(value).expanduser()
         if not candidate.is_absolute():
-            from_file = origins.get(key, "").startswith("line")
-            candidate = (base_dir if from_file and base_dir else Path.cwd()) / candidate
+            candidate = (base_dir if from_file(key) and base_dir else Path.cwd()) / candidate
         return str(candidate.resolve())
 
     def unusable(key: str, value: str, error: Exception) -> None:
@@ -283,8 +332,10 @@ def _resolve_paths(spec: RunSpec, origins: dict[str, str], base_dir: Path | None
             unusable(f"dataset.{key}", value, error)
             continue
         if not found:
+            relative = (f"relative to the config file's folder ({base_dir})" if from_file(f"dataset.{key}")
+                        else f"relative to the current directory ({Path.cwd()})")
             problems.append(Problem(f"dataset.{key}", f"{resolved} does not exist",
-                                    "check the path; a relative path is taken relative to the config file",
+                                    f"check the path; a relative path given there is taken {relative}",
                                     location=locate(f"dataset.{key}")))
         updates[key] = resolved
     dataset = dataset.model_copy(update=updates)

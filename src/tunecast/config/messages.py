@@ -70,6 +70,8 @@ def example_for(path: tuple[str, ...]) -> Any:
 
 
 def _format_value(value: Any) -> str:
+    if value is None:
+        return "null"
     if isinstance(value, str):
         return repr(value)
     if isinstance(value, bool):
@@ -144,6 +146,8 @@ def problem_from_error(error: ErrorDetails, location: str | None) -> Problem:
     if kind in _COMPARISONS:
         bound_name, symbol = _COMPARISONS[kind]
         bound = ctx.get(bound_name)
+        if isinstance(bound, int) and abs(bound) >= 10_000:
+            bound = f"{bound:,}"  # 4,194,304 reads at a glance; 4194304 does not
         return Problem(key, f"must be {symbol} {bound} (got {_format_value(value)})",
                        f"set {key} to a value {symbol} {bound}{example_text}", location=location)
     if kind in _TYPE_WORDS:

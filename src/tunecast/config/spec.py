@@ -8,13 +8,15 @@ Cross-field rules live in `checks.py`; reading YAML and applying overrides lives
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import sys
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Method = Literal["full", "lora", "qlora"]
 Precision = Literal["bf16", "bf16-mixed", "fp16-mixed", "fp32", "fp8"]
@@ -41,6 +43,30 @@ PlanAllowance = Literal[
 
 PositiveInt = Annotated[int, Field(ge=1)]
 DEFAULT_MICRO_BATCH = 8
+# Upper bounds that only a typo reaches, so that no command is asked to do absurd work (a global batch of
+# 32,000,000,000 for 32 had the planner weigh every divisor of it). Fine-tunes use global batches of tens to a few
+# thousand sequences; 2^22 is a thousand times the largest of them.
+MAX_GLOBAL_BATCH = 4_194_304
+# Sequences per GPU per forward pass: 65,536 sequences of even 16 tokens is a million tokens in one pass.
+MAX_MICRO_BATCH = 65_536
+
+
+def _takes(annotation: Any) -> frozenset[str]:
+    """Which of bool, int and float a field's annotation takes."""
+    if annotation in (bool, int, float):
+        return frozenset({annotation.__name__})
+    if typing.get_origin(annotation) is Literal:
+        return frozenset({"bool"}) if any(isinstance(v, bool) for v in typing.get_args(annotation)) else frozenset()
+    return frozenset().union(*(_takes(argument) for argument in typing.get_args(annotation)))
+
+
+@functools.cache
+def _numeric_only(annotation: Any) -> str | None:
+    """'a whole number' or 'a number' when `annotation` takes numbers and not true/false, else None."""
+    takes = _takes(annotation)
+    if "bool" in takes or not takes:
+        return None
+    return "a number" if "float" in takes else "a whole number"
 
 
 def _name_list(value: object, expected: str) -> list[str]:
@@ -58,6 +84,18 @@ class _Section(BaseModel):
     price), field docstrings become descriptions (`_attach_docstrings`)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_truth_values_as_numbers(cls, value: object, info: ValidationInfo) -> object:
+        """true/false is not a number: pydantic reads `seq_len: true` as 1 and `epochs: false` as 0, which nobody
+        means (YAML's `yes`/`on` are true too)."""
+        if isinstance(value, bool) and info.field_name is not None:
+            annotation: Any = cls.model_fields[info.field_name].annotation
+            expected = _numeric_only(annotation)
+            if expected is not None:
+                raise ValueError(f"must be {expected}, not true or false")
+        return value
 
 
 class LoraSpec(_Section):
@@ -95,7 +133,10 @@ class LoraSpec(_Section):
     def _targets(cls, value: object) -> object:
         if value == "all-linear":
             return value
-        return _name_list(value, "a list of module names (q_proj, v_proj, …) or all-linear")
+        names = _name_list(value, "a list of module names (q_proj, v_proj, …) or all-linear")
+        if not names:
+            raise ValueError("must name at least one module (q_proj, v_proj, …), or be all-linear")
+        return names
 
     @field_validator("modules_to_save", mode="before")
     @classmethod
@@ -220,6 +261,18 @@ class PlanSpec(_Section):
     """Share of each GPU's usable memory the planner leaves free, for what an estimate cannot see (other
     processes, allocator behaviour under pressure). Default 0.05."""
 
+    optimize: Literal["cost", "time"] = "cost"
+    """Rank the runs by the `cost` of the whole run or by `time` (hours; hours within 5% count as equal and
+    the cheaper comes first). `tunecast plan --optimize` overrides it. Default `cost`."""
+
+    budget_usd: float | None = Field(None, gt=0, examples=[50.0])
+    """Only runs whose whole cost is at most this many USD. `tunecast plan --budget` overrides it. Default:
+    no budget."""
+
+    deadline_hours: float | None = Field(None, gt=0, examples=[12.0])
+    """Only runs done within this many hours (wall clock, preemptions included). `tunecast plan --deadline`
+    overrides it. Default: no deadline."""
+
     @field_validator("allow", mode="before")
     @classmethod
     def _allow(cls, value: object) -> object:
@@ -232,6 +285,11 @@ class RunSpec(_Section):
     model: str = Field(min_length=1, examples=["meta-llama/Llama-3.1-8B"])
     """Model: a catalog name (`meta-llama/Llama-3.1-8B`), a local model directory holding
     config.json, or a path to a config JSON file of any name. Required."""
+
+    random_weights: bool = False
+    """Train weights drawn from the seed when the model has none (a folder holding only config.json, or a
+    config file): for tests, demos and timing runs. Otherwise a model without weights is an error naming the
+    files looked for (a download that stopped half-way would make a useless fine-tune). Default false."""
 
     method: Method = "lora"
     """`full` (every weight trained), `lora` (adapters on frozen weights), or `qlora` (adapters on
@@ -260,11 +318,11 @@ class RunSpec(_Section):
     it runs on (with `plan.memory_margin` left free, and gradient accumulation to keep the global batch);
     `plan` and `memory` treat `auto` as left open. Default 8, as transformers' per_device_train_batch_size."""
 
-    grad_accum: PositiveInt = Field(1, examples=[4])
+    grad_accum: PositiveInt = Field(1, le=MAX_GLOBAL_BATCH, examples=[4])
     """Micro-batches accumulated per optimizer step. Default 1, as transformers'
     gradient_accumulation_steps. Set this or `global_batch`, not both."""
 
-    global_batch: PositiveInt | None = Field(None, examples=[64])
+    global_batch: PositiveInt | None = Field(None, le=MAX_GLOBAL_BATCH, examples=[64])
     """Sequences per optimizer step over all GPUs (micro_batch × grad_accum × data-parallel GPUs).
     Default: unset (then micro_batch × grad_accum × GPUs)."""
 
@@ -307,7 +365,10 @@ class RunSpec(_Section):
     """Passes over the dataset. Default 3, as transformers' num_train_epochs."""
 
     max_steps: PositiveInt | None = Field(None, examples=[1000])
-    """Stop after this many optimizer steps instead of a number of epochs. Default: unset."""
+    """End the run after this many optimizer steps. With `epochs` set too (in the file or on the command line), the
+    run is the first max_steps steps of the epochs' run (fewer when the epochs end first), on the epochs' learning-rate
+    schedule: `--max-steps 6` makes a smoke run of a real config. Without `epochs`, the run is max_steps steps, over
+    as many passes as they take. Default: unset."""
 
     learning_rate: float = Field(5e-5, gt=0, examples=[2e-4])
     """Peak learning rate. Default 5e-5, as transformers' learning_rate."""
@@ -360,19 +421,24 @@ class RunSpec(_Section):
     @classmethod
     def _micro_batch(cls, value: object) -> object:
         """A whole number or `auto` (a flag gives text: '4' is 4); one clear message for anything else."""
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number or auto, not true or false")
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_MICRO_BATCH:
+            raise ValueError(f"must be at most {MAX_MICRO_BATCH:,} sequences per GPU per forward pass")
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ValueError("must be a whole number ≥ 1 or auto")
 
     def with_changes(self, changes: Mapping[str, Any]) -> RunSpec:
-        """A copy with `changes` (dotted keys, as `--set` takes them: `gpus.strategy`) applied and validated."""
-        data = self.model_dump()
+        """A copy with `changes` (dotted keys, as `--set` takes them: `gpus.strategy`) applied and validated. The keys
+        set stay those of this spec and the changed ones (`fixed`): a default stays a default."""
+        data = self.model_dump(exclude_unset=True)
         for key, value in changes.items():
             section, _, leaf = key.partition(".")
             if leaf:
-                data[section][leaf] = value
+                data.setdefault(section, {})[leaf] = value
             else:
                 data[key] = value
         return RunSpec.model_validate(data)
@@ -382,6 +448,12 @@ class RunSpec(_Section):
         """The micro-batch where a number is needed before one is chosen: `micro_batch`, or for `auto` the
         default (8) until the planner or the trainer chooses."""
         return DEFAULT_MICRO_BATCH if self.micro_batch == "auto" else self.micro_batch
+
+    @property
+    def sequences_per_step(self) -> int:
+        """Sequences per optimizer step: `global_batch`, or micro_batch × grad_accum × gpus.count (the default
+        micro-batch for `auto`)."""
+        return self.global_batch or self.micro_batch_size * self.grad_accum * self.gpus.count
 
     def fixed(self, dotted_key: str) -> bool:
         """True when the user set this key (in the file or on the command line) rather than the default;

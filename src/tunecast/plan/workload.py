@@ -1,5 +1,10 @@
 """How many tokens a run processes: from the dataset file (measured with the data module's own counting), or
-from its declared size, times the epochs (or the steps)."""
+from its declared size, times the epochs (or the steps).
+
+The run's length is `tunecast train`'s (train/run.py `run_length`): ⌈epochs × steps per epoch⌉ optimizer steps,
+steps per epoch being ⌈sequences / global batch⌉. `max_steps` ends it early when `epochs` is set too (the run is the
+first max_steps steps of the epochs' run) and sets it alone otherwise (as many passes as the steps take). Whole-run
+tokens, hours and cost follow the steps, not the epochs."""
 
 from __future__ import annotations
 
@@ -43,6 +48,9 @@ class Workload:
     eval_examples: int = 0  # evaluated each time (held out of a dataset file)
     length_sigma: float | None = None  # a declared size: the log-normal σ of example lengths assumed for padding
     sigma_source: str = "catalog row declared_length_sigma"  # where length_sigma comes from, in words
+    max_steps: int | None = None  # the run's step limit
+    epochs_set: bool = True  # `epochs` was set (RunSpec.fixed): with max_steps, the steps are the first of its run
+    global_batch: int = 1  # the run's sequences per optimizer step, for the whole-run figures of as_dict
     # tokens_per_sequence by micro-batch: the planner asks for each micro-batch on every GPU and count
     _padded: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -51,13 +59,27 @@ class Workload:
         """Processed tokens of one example."""
         return self.processed_tokens / self.examples
 
+    def length(self, global_batch: int, max_steps: int | None) -> RunSteps:
+        """The run's optimizer steps at `global_batch` sequences a step, as `tunecast train` counts them."""
+        per_epoch = max(1, math.ceil(self.sequences() / global_batch - 1e-9))
+        by_epochs = max(1, math.ceil(self.epochs * per_epoch - 1e-9))
+        if max_steps is None:
+            steps = by_epochs
+        elif self.epochs_set:
+            steps = min(max_steps, by_epochs)
+        else:
+            steps = max_steps
+        passes = self.epochs if steps == by_epochs else steps / per_epoch
+        return RunSteps(steps, by_epochs, per_epoch, passes, self.epochs, max_steps, self.epochs_set)
+
     @property
     def total_processed_tokens(self) -> float:
-        return self.processed_tokens * self.epochs
+        """Tokens processed over the whole run (padding excluded): the epochs', or fewer when max_steps ends it."""
+        return self.processed_tokens * self.length(self.global_batch, self.max_steps).passes
 
     @property
     def total_trained_tokens(self) -> float:
-        return self.trained_tokens * self.epochs
+        return self.trained_tokens * self.length(self.global_batch, self.max_steps).passes
 
     def sequences(self) -> float:
         """Sequences fed per epoch: packed sequences, or one per example."""
@@ -93,9 +115,12 @@ class Workload:
         return self.processed_tokens / computed
 
     def as_dict(self) -> dict[str, Any]:
+        length = self.length(self.global_batch, self.max_steps)
         return {"examples": self.examples, "processed_tokens": round(self.total_processed_tokens),
                 "trained_tokens": round(self.total_trained_tokens), "tokens_per_epoch": self.processed_tokens,
-                "epochs": self.epochs, "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
+                "epochs": self.epochs, "max_steps": self.max_steps, "steps": length.steps,
+                "steps_per_epoch": length.per_epoch, "passes": length.passes, "length": length.describe(),
+                "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
                 "tokenizer": self.tokenizer, "eval_examples": self.eval_examples,
                 "padding_assumption": self.padding_assumption()}
 
@@ -107,6 +132,35 @@ class Workload:
             return "examples of equal length (dataset.length_spread 0): no padding"
         return (f"example lengths log-normal around the declared mean (σ {self.length_sigma:g}: "
                 f"{self.sigma_source})")
+
+
+@dataclass(frozen=True)
+class RunSteps:
+    """A run's length in optimizer steps, and what set it."""
+
+    steps: int  # trained
+    epoch_steps: int  # the epochs' steps (the learning-rate schedule's, when the epochs set it)
+    per_epoch: int
+    passes: float  # passes over the data the steps make: the epochs, or fewer (more) when max_steps ends it
+    epochs: float
+    max_steps: int | None
+    epochs_set: bool
+
+    def describe(self) -> str:
+        """The length in words, for a plan's header: '3 epochs (120 steps)', '6 steps (max_steps, of the 120 of 3
+        epochs)', '500 steps (max_steps: 12.5 passes over the data)'."""
+        def epochs_text(count: float) -> str:
+            return f"{count:g} epoch{'' if count == 1 else 's'}"
+
+        whole = f"{epochs_text(self.epochs)} ({self.steps:,} step{'' if self.steps == 1 else 's'})"
+        if self.max_steps is None:
+            return whole
+        if not self.epochs_set:
+            return f"{self.steps:,} steps (max_steps: {self.passes:.3g} passes over the data)"
+        if self.steps < self.epoch_steps:
+            return (f"{self.steps:,} step{'' if self.steps == 1 else 's'} (max_steps ends the run early: the first of "
+                    f"the {self.epoch_steps:,} steps of {epochs_text(self.epochs)})")
+        return f"{whole}; max_steps {self.max_steps:,} is beyond them"
 
 
 def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
@@ -145,6 +199,8 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
         raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
                             hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "
                                  "(for example --set dataset.examples=50000 --set dataset.mean_tokens=600)")
+    workload.max_steps, workload.epochs_set = spec.max_steps, spec.fixed("epochs")
+    workload.global_batch = spec.sequences_per_step
     return workload
 
 
@@ -188,7 +244,6 @@ def evaluations(workload: Workload, steps: int, global_batch: int, every_steps: 
 
 
 def optimizer_steps(workload: Workload, global_batch: int, max_steps: int | None) -> int:
-    """Optimizer steps of the run: max_steps, else the epochs' sequences divided by the global batch."""
-    if max_steps is not None:
-        return max_steps
-    return max(1, round(workload.sequences() * workload.epochs / global_batch))
+    """Optimizer steps of the run (`Workload.length`): the epochs', capped by max_steps when both are set; max_steps
+    alone when the epochs are not."""
+    return workload.length(global_batch, max_steps).steps

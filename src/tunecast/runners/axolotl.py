@@ -32,6 +32,7 @@ def read(path: Path) -> Imported:
     m = Mapper("axolotl", LABEL, path, lines)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    mp.steps_replace_epochs(m, "num_epochs")
     for key, value in _DEFAULTS.items():
         m.default(key, value)
     if m.get("method") in ("lora", "qlora"):
@@ -227,7 +228,7 @@ _HANDLERS: dict[str, mp.Handler] = {
     "peft_autocast_adapter_dtype": _peft_dtype,
     "sequence_len": mp.to("seq_len"), "sample_packing": mp.flag("packing"),
     "micro_batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
-    "batch_size": _batch_size, "num_epochs": mp.to("epochs", float), "max_steps": mp.to("max_steps"),
+    "batch_size": _batch_size, "num_epochs": mp.to("epochs", float), "max_steps": mp.trainer_max_steps,
     "optimizer": lambda m, k, v: mp.hf_optimizer(m, k, v, "adamw_torch_fused"), "lr_scheduler": mp.schedule,
     "learning_rate": mp.to("learning_rate", float), "warmup_steps": mp.to("warmup_steps"),
     "warmup_ratio": mp.to("warmup_ratio", float), "weight_decay": mp.to("weight_decay", float),

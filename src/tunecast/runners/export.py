@@ -146,6 +146,12 @@ def _common(spec: RunSpec, tool: str) -> None:
                       "set checkpoint.every_steps instead")
     if spec.warmup_steps and spec.warmup_ratio:
         raise _cannot("warmup_ratio", tool, "set with warmup_steps", "keep one of warmup_steps and warmup_ratio")
+    if spec.max_steps is not None and spec.fixed("epochs"):
+        # tunecast's max_steps with epochs ends the epochs' run early, on the epochs' schedule; the transformers
+        # Trainer's max_steps (which both tools pass on) replaces the epochs and schedules over max_steps instead
+        raise _cannot("max_steps", tool, f"with epochs set too it ends the run early on the epochs' schedule, while "
+                      f"{tool}'s max_steps replaces num_epochs and sets the schedule over max_steps",
+                      "export the whole run (--set max_steps=null), or a run of max_steps steps (--set epochs=null)")
 
 
 def _grad_accum(spec: RunSpec, tool: str) -> int:

@@ -29,6 +29,7 @@ def read(path: Path) -> Imported:
     m = Mapper("llamafactory", LABEL, path, lines)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    mp.steps_replace_epochs(m, "num_train_epochs")
     _precision(m, data)
     _dataset(m, data)
     for key, value in _DEFAULTS.items():
@@ -228,7 +229,7 @@ _HANDLERS: dict[str, mp.Handler] = {
     "neat_packing": _neat_packing,
     "train_on_prompt": _train_on_prompt, "val_size": _val_size, "eval_steps": mp.to("eval.every_steps"),
     "per_device_train_batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
-    "num_train_epochs": mp.to("epochs", float), "max_steps": mp.to("max_steps"),
+    "num_train_epochs": mp.to("epochs", float), "max_steps": mp.trainer_max_steps,
     "learning_rate": mp.to("learning_rate", float), "lr_scheduler_type": mp.schedule,
     "warmup_steps": mp.to("warmup_steps"), "warmup_ratio": mp.to("warmup_ratio", float),
     "weight_decay": mp.to("weight_decay", float), "max_grad_norm": mp.to("max_grad_norm", float),

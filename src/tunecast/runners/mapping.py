@@ -55,9 +55,11 @@ class Mapper:
         self.unmapped: dict[str, Unmapped] = {}
         self.lines: dict[str, int] = {}
         self.notes: list[str] = []
+        self.values: dict[str, Any] = {}  # the tool's value of each key put, for a key taken back (`drop`)
 
     def put(self, tool_key: str, key: str, value: Any) -> None:
         """Set tunecast's dotted `key` from the tool's `tool_key`."""
+        self.values[tool_key] = value
         section, _, leaf = key.partition(".")
         if leaf:
             self.config.setdefault(section, {})[leaf] = value
@@ -73,6 +75,18 @@ class Mapper:
         """Record why `tool_key` set nothing; the first reason given stays."""
         if tool_key not in self.mapped and tool_key not in self.unmapped:
             self.unmapped[tool_key] = Unmapped(tool_key, value, reason)
+
+    def drop(self, key: str, tool_key: str, reason: str) -> None:
+        """Take back tunecast's `key` that `tool_key` set, and say why it is not carried over."""
+        section, _, leaf = key.partition(".")
+        (self.config.get(section, {}) if leaf else self.config).pop(leaf or key, None)
+        self.lines.pop(key, None)
+        remaining = tuple(k for k in self.mapped.get(tool_key, ()) if k != key)
+        if remaining:
+            self.mapped[tool_key] = remaining
+        else:
+            self.mapped.pop(tool_key, None)
+            self.unmapped[tool_key] = Unmapped(tool_key, self.values.get(tool_key), reason)
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -198,6 +212,25 @@ def to(key: str, convert: Callable[[Any], Any] = lambda value: value) -> Handler
 def flag(key: str) -> Handler:
     """A handler for a yes/no key."""
     return to(key, bool)
+
+
+def trainer_max_steps(m: Mapper, tool_key: str, value: Any) -> None:
+    """The transformers Trainer's `max_steps`: a number above 0 is the run's length; -1 (its default) or 0 leaves it
+    to the epochs."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        m.put(tool_key, "max_steps", value)
+    else:
+        m.skip(tool_key, value, f"{value}: the number of epochs decides")
+
+
+def steps_replace_epochs(m: Mapper, epochs_key: str) -> None:
+    """The transformers Trainer's rule, which axolotl, LLaMA-Factory and TRL train with: a `max_steps` replaces the
+    epochs (it trains that many steps, passing over the data as often as they take, on a schedule of those steps).
+    tunecast's max_steps beside epochs would end the run at whichever comes first, so the file's epochs are not
+    carried over: max_steps alone is the Trainer's run."""
+    if m.has("max_steps") and m.has("epochs"):
+        m.drop("epochs", epochs_key, f"max_steps {m.get('max_steps')} replaces the epochs in the transformers Trainer: "
+                                     "the run is max_steps steps, however many epochs they make")
 
 
 def four_bit(m: Mapper, tool_key: str, value: Any) -> None:

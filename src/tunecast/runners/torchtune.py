@@ -74,7 +74,9 @@ def _steps_per_epoch(m: Mapper, data: dict[str, Any]) -> None:
     steps = data["max_steps_per_epoch"]
     if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0:
         m.put("max_steps_per_epoch", "max_steps", int(steps * float(m.get("epochs") or 1)))
-        m.note("max_steps_per_epoch × epochs gives max_steps: exact when each epoch has that many steps")
+        m.note("max_steps_per_epoch × epochs gives max_steps beside epochs: the run has torchtune's number of steps "
+               "(the epochs' steps, capped at that); torchtune ends each epoch early where tunecast ends the run, and "
+               "its learning-rate schedule spans the capped steps where tunecast's spans the epochs'")
     else:
         m.skip("max_steps_per_epoch", steps, "null: every epoch runs to the end of the data")
 

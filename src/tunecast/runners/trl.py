@@ -29,6 +29,7 @@ def read(path: Path) -> Imported:
     m = Mapper("trl", LABEL, path, lines)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    mp.steps_replace_epochs(m, "num_train_epochs")
     _precision(m, data)
     for key, value in _DEFAULTS.items():
         m.default(key, value)
@@ -71,13 +72,6 @@ def _max_length(m: Mapper, key: str, value: Any) -> None:
         m.skip(key, value, "null: TRL truncates nothing; tunecast needs the longest sequence: set seq_len")
     else:
         m.put(key, "seq_len", value)
-
-
-def _max_steps(m: Mapper, key: str, value: Any) -> None:
-    if isinstance(value, int) and value > 0:
-        m.put(key, "max_steps", value)
-    else:
-        m.skip(key, value, f"{value}: the number of epochs decides")
 
 
 def _completion_only(m: Mapper, key: str, value: Any) -> None:
@@ -172,7 +166,7 @@ _HANDLERS: dict[str, mp.Handler] = {
     "loss_type": _loss_type, "activation_offloading": mp.flag("activation_offload"),
     "gradient_checkpointing": mp.flag("grad_checkpointing"), "learning_rate": mp.to("learning_rate", float),
     "per_device_train_batch_size": mp.to("micro_batch"), "gradient_accumulation_steps": mp.to("grad_accum"),
-    "num_train_epochs": mp.to("epochs", float), "max_steps": _max_steps, "lr_scheduler_type": mp.schedule,
+    "num_train_epochs": mp.to("epochs", float), "max_steps": mp.trainer_max_steps, "lr_scheduler_type": mp.schedule,
     "warmup_steps": mp.to("warmup_steps"), "warmup_ratio": mp.to("warmup_ratio", float),
     "weight_decay": mp.to("weight_decay", float), "max_grad_norm": mp.to("max_grad_norm", float),
     "seed": mp.to("seed"), "optim": lambda m, k, v: mp.hf_optimizer(m, k, v, "adamw_torch_fused"),

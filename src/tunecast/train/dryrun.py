@@ -55,7 +55,8 @@ def planned_device(loaded: LoadedSpec, catalog: Catalog) -> Device:
 
 
 def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
-    from tunecast.train.run import output_url, total_steps
+    from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib
+    from tunecast.train.run import output_url, run_length
     from tunecast.train.store import CheckpointStore, Storage
 
     spec = loaded.spec
@@ -63,7 +64,10 @@ def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) 
     processes = spec.gpus.count  # `train --gpus N` starts N workers; each takes its share of a global batch
     fixed = spec.with_changes({"global_batch": spec.global_batch // processes}) \
         if spec.global_batch is not None and processes > 1 else spec
-    choice = choose_batch(fixed, loaded.model.data, device, catalog, check_memory=check_memory)
+    cpu = device.kind == "cpu"  # as the run decides it there (batching.py)
+    choice = choose_batch(fixed, loaded.model.data, device, catalog, check_memory=check_memory,
+                          keep_freed=cpu and can_keep_freed_memory(),
+                          loading_gib=cpu_loading_gib(spec, loaded.model) if cpu else 0.0)
     per_step = choice.micro_batch * choice.grad_accum * processes
     examples = sequences = steps = per_epoch = None
     if spec.dataset.path is not None:
@@ -77,9 +81,12 @@ def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) 
         examples = sequences = spec.dataset.examples
         source = "dataset.examples (declared; no file to read)"
     else:
-        source = "no dataset file: steps unknown" if spec.max_steps is None else "max_steps"
+        source = ("no dataset file: steps unknown" if spec.max_steps is None else
+                  "max_steps (at most: no dataset file to count the epochs' steps)" if spec.fixed("epochs")
+                  else "max_steps")
     if sequences is not None:
-        steps, per_epoch = total_steps(spec, sequences, per_step)
+        length = run_length(spec, sequences, per_step, epochs_set=spec.fixed("epochs"))
+        steps, per_epoch = length.steps, length.per_epoch
     elif spec.max_steps is not None:
         steps = spec.max_steps
     output = output_url(spec)

@@ -43,7 +43,10 @@ def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
     `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters) unless `fp32_adapters` is off."""
     from peft import LoraConfig, get_peft_model
 
+    from tunecast.train.targets import check_targets
+
     targets: list[str] | str = adapters.targets if isinstance(adapters.targets, str) else list(adapters.targets)
+    check_targets(model, targets)  # every name must adapt a layer: peft trains the others silently, or fails
     config = LoraConfig(
         r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=adapters.dropout, target_modules=targets,
         use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None, task_type="CAUSAL_LM",

@@ -103,7 +103,6 @@ def test_gpu_alias_is_resolved_to_its_slug(catalog) -> None:
 @pytest.mark.parametrize(("settings", "field", "text"), [
     ({"grad_accum": 4, "global_batch": 64}, "global_batch", "one follows from the other"),
     ({"micro_batch": 3, "global_batch": 64}, "global_batch", "set global_batch to 63 or 66"),
-    ({"epochs": 1, "max_steps": 100}, "max_steps", "whichever comes first"),
     ({"warmup_steps": 10, "warmup_ratio": 0.1}, "warmup_ratio", "keep one"),
     ({"optimizer_in_backward": True, "grad_accum": 4}, "optimizer_in_backward", "cannot be accumulated"),
     ({"method": "qlora", "precision": "fp8"}, "precision", "4-bit"),

@@ -141,3 +141,11 @@ def test_values_the_tool_cannot_express(changes: dict[str, Any], tool: str, matc
     write = to_axolotl if tool == "axolotl" else to_llamafactory
     with pytest.raises(TunecastError, match=match):
         write(spec)
+
+
+@pytest.mark.parametrize("export", [to_axolotl, to_llamafactory])
+def test_max_steps_with_epochs_is_refused_where_the_tool_would_schedule_over_max_steps(export: Any) -> None:
+    spec = RunSpec.model_validate({"model": "Qwen/Qwen3-0.6B", "epochs": 2, "max_steps": 6, "micro_batch": 4})
+    with pytest.raises(TunecastError, match=r"max_steps cannot be written in .*replaces num_epochs"):
+        export(spec)
+    assert export(spec.with_changes({"max_steps": None}))  # the whole run of two epochs
