@@ -30,7 +30,7 @@ from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_prof
 from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.estimate.tracer import CATEGORIES
-from tunecast.units import BYTES_PER_GIB
+from tunecast.units import BYTES_PER_GIB, format_params
 
 PHASES = ("forward", "backward", "optimizer")
 BREAKDOWN = (*CATEGORIES, "quantization", "overhead")
@@ -308,7 +308,8 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
 
 def _apply_qlora(step: StepMemory, facts: Facts, param_bytes: int, double_quant: bool) -> None:
     """Frozen decoder Linear weights become NF4 (bitsandbytes keeps the output head and embeddings in
-    the compute dtype); each quantized matmul dequantizes its weight into a temporary."""
+    the compute dtype, and every weight that is not an nn.Linear: a mixture of experts' fused experts, see
+    `unquantized_experts_note`); each quantized matmul dequantizes its weight into a temporary."""
     quantized = facts.quantizable_numel
     constants = quantized / NF4_BLOCK * (1 if double_quant else 4)
     if double_quant:
@@ -318,8 +319,25 @@ def _apply_qlora(step: StepMemory, facts: Facts, param_bytes: int, double_quant:
         memory.breakdown["quantization"] += constants
         if phase in ("forward", "backward"):
             memory.breakdown["temporaries"] += facts.largest_quantizable_numel * param_bytes
-    step.notes.append("QLoRA: NF4 weights with " + ("double quantization" if double_quant else "fp32 constants")
+    step.notes.append("QLoRA: NF4 Linear weights with " + ("double quantization" if double_quant else "fp32 constants")
                       + " modelled on the traced LoRA step (bitsandbytes Linear4bit)")
+
+
+def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str | None:
+    """What QLoRA leaves unquantized in a mixture-of-experts model, in words; None for a dense model or another
+    method. transformers 5 keeps the experts as fused 3-D parameters and the router as a plain one, and bitsandbytes'
+    4-bit conversion replaces nn.Linear modules only, so they stay in the compute dtype (estimate/moe.py
+    `unquantized_numel`; docs/memory.md). The trace counts them so already (it models NF4 on nn.Linear weights only,
+    `quantizable_numel`): this says it, for the weights that make most of such a model."""
+    from tunecast.estimate.moe import unquantized_numel
+
+    kept = unquantized_numel(config_data) if spec.method == "qlora" else 0
+    if not kept:
+        return None
+    dtype = "bf16" if _param_bytes(spec) == 2 else "fp32"
+    return (f"QLoRA leaves the experts in {dtype}, not NF4: {format_params(kept)} expert and router weights, "
+            f"{kept * _param_bytes(spec) / BYTES_PER_GIB:.2f} GiB of the frozen weights (bitsandbytes quantizes "
+            "nn.Linear layers only; transformers keeps the experts as fused 3-D parameters)")
 
 
 def _optimizer_state_bytes(spec: RunSpec, facts: Facts, traced_state_bytes: float) -> tuple[float, float]:
@@ -536,6 +554,9 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         closed_form = True
     finally:  # the replays made so far are kept, also when the estimate stops (NeedsTrace, Ctrl-C)
         replays.flush()
+    experts = unquantized_experts_note(spec, config_data)
+    if experts is not None:  # first: it is most of such a model's weights
+        step.notes.insert(0, experts)
     if spec.precision == "fp8":
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":

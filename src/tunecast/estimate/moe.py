@@ -126,6 +126,22 @@ def moe_layers(config: dict[str, Any], layers: int) -> int:
     return sum(1 for index in range(layers) if (index + 1) % step == 0 and index not in dense)
 
 
+def unquantized_numel(config: dict[str, Any]) -> int:
+    """Elements of the MoE layers' weights that QLoRA leaves in the compute dtype: in transformers 5 the experts are
+    fused 3-D parameters (gate/up E·2I·H, down E·H·I, and gpt-oss's per-expert biases E·(2I + H)) and the router a
+    plain E·H parameter, none of them an nn.Linear, which is all bitsandbytes' 4-bit conversion replaces (see
+    docs/memory.md, "QLoRA and mixtures of experts"). 0 for a dense model; what tunecast's runner counts with
+    train/quantize.py `unquantized_weights` (tests/unit/train/test_quantize.py)."""
+    shape = ExpertShape.from_config(config)
+    if shape is None:
+        return 0
+    inner = config.get("text_config")
+    text = inner if isinstance(inner, dict) and "model_type" in inner else config
+    h, i, e = shape.hidden, shape.width, shape.experts
+    per_layer = e * 3 * h * i + e * h + (e * (2 * i + h) if shape.biased else 0)
+    return moe_layers(text, text["num_hidden_layers"]) * per_layer
+
+
 def expert_tokens(tokens: int, shape: ExpertShape, routing: str) -> tuple[int, int]:
     """(tokens each hit expert receives, experts hit) under `routing` (see ROUTINGS in the module docstring)."""
     if routing == "balanced":

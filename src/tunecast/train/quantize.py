@@ -3,15 +3,30 @@ quantization config): every nn.Linear of the decoder layers becomes a bitsandbyt
 
 Loading a checkpoint with transformers' BitsAndBytesConfig gives the same layers; this path exists for
 models whose weights are created in place, as the benchmarks and tests do.
+
+What stays in the compute dtype, as with transformers' BitsAndBytesConfig (integrations/bitsandbytes.py,
+`replace_with_bnb_linear`, converts `type(module) is nn.Linear` only): the output head and embeddings, and every
+decoder weight that is a plain parameter rather than a Linear module. In transformers 5 that is the experts of a
+mixture-of-experts layer (Mixtral, Qwen3-MoE, gpt-oss keep them as fused 3-D `gate_up_proj` / `down_proj`
+parameters) and its router: most of such a model's weights. `unquantized_weights` says which and how many.
+
+Evaluation runs the same dequantize-and-matmul as training. On a CPU with AVX512-BF16, bitsandbytes' Linear4bit
+repacks its weight for a fused kernel the first time it runs in eval mode without gradients (bitsandbytes 0.50,
+nn/modules.py `Linear4bit.forward` → functional.py `_convert_weight_packed_for_cpu`). That repacking takes only
+out_features divisible by 32 and in_features divisible by the 64-weight block (the tiny demo's down_proj, 352 in,
+stops with "shape '[128, 5]' is invalid for input of size 704"), and the packed weight has no autograd kernel:
+training after an evaluation would pass no gradient through the layer. So tunecast turns it off per layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from tunecast.train.setup import decoder_layers
+from tunecast.units import BYTES_PER_GIB, format_params
 
 
 def quantize_nf4(model: Any, *, compute_dtype: torch.dtype, double_quant: bool, device: str) -> Any:
@@ -31,6 +46,52 @@ def quantize_nf4(model: Any, *, compute_dtype: torch.dtype, double_quant: bool, 
                                                      compress_statistics=double_quant, quant_type="nf4")
                 if child.bias is not None:
                     quantized.bias = torch.nn.Parameter(child.bias.data.to(compute_dtype), requires_grad=False)
+                # no CPU inference repacking (see the module docstring): any width, and gradients after an eval
+                quantized.support_avx512bf16_for_cpu = False
                 setattr(parent, name, quantized.to(device))
                 del child
     return model
+
+
+@dataclass(frozen=True)
+class Unquantized:
+    """Decoder weights (matrices and larger) that QLoRA leaves in the compute dtype."""
+
+    names: tuple[str, ...]  # as named inside a decoder layer: "mlp.experts.gate_up_proj"
+    numel: int
+    nbytes: int
+    dtype: str
+    quantized_numel: int  # the decoder weights that are NF4
+
+    def describe(self) -> str:
+        share = self.numel / max(self.numel + self.quantized_numel, 1)
+        why = "bitsandbytes quantizes nn.Linear layers only"
+        if any(".experts." in name for name in self.names):
+            why += "; transformers keeps a mixture of experts as fused 3-D parameters"
+        return (f"QLoRA leaves {format_params(self.numel)} decoder weights in {self.dtype}, not NF4 "
+                f"({self.nbytes / BYTES_PER_GIB:.2f} GiB, {share:.0%} of the decoder's): {', '.join(self.names)} "
+                f"({why})")
+
+
+def unquantized_weights(model: Any) -> Unquantized | None:
+    """The decoder weights of a quantized model that are not NF4 (one-dimensional ones, norms and biases, aside);
+    None when every decoder matrix is."""
+    import bitsandbytes as bnb
+
+    names: dict[str, None] = {}
+    numel = nbytes = quantized = 0
+    dtype = ""
+    for layer in decoder_layers(model):
+        for name, parameter in layer.named_parameters():
+            if isinstance(parameter, bnb.nn.Params4bit):
+                quantized += int(parameter.quant_state.shape.numel()) if parameter.quant_state is not None else 0
+                continue
+            if parameter.ndim < 2:
+                continue
+            names[name] = None
+            numel += parameter.numel()
+            nbytes += parameter.numel() * parameter.element_size()
+            dtype = str(parameter.dtype).removeprefix("torch.").replace("bfloat16", "bf16").replace("float", "fp")
+    if not names:
+        return None
+    return Unquantized(tuple(names), numel, nbytes, dtype, quantized)

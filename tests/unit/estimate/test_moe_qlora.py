@@ -1,0 +1,57 @@
+"""QLoRA on a mixture of experts: the experts stay bf16 (bitsandbytes' 4-bit conversion replaces nn.Linear modules
+only, and transformers 5 keeps the experts as fused 3-D parameters; tests/unit/train/test_quantize.py checks it on
+the libraries). The estimate counts them so and says it first; the plan says it as a warning."""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+import pytest
+
+from tunecast.catalog.store import load_catalog
+from tunecast.config.load import Override, load_spec_text
+from tunecast.config.spec import RunSpec
+from tunecast.estimate.memory import estimate_memory
+from tunecast.estimate.moe import unquantized_numel
+from tunecast.plan.report import PlanRequest, make_plan
+
+MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+
+
+@pytest.fixture(autouse=True)
+def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+
+
+@pytest.fixture(scope="module")
+def catalog():  # type: ignore[no-untyped-def]
+    return load_catalog(None)
+
+
+def test_mixtral_qlora_weights_are_bf16_experts_and_nf4_attention(catalog) -> None:  # type: ignore[no-untyped-def]
+    """The frozen weights of Mixtral-8x7B QLoRA, term by term from its config: experts and router in bf16 (2 bytes),
+    the attention's Linear weights in NF4 (half a byte), embeddings, head and norms in bf16."""
+    config = catalog.models.find(MIXTRAL).data
+    spec = RunSpec.model_validate({"model": MIXTRAL, "method": "qlora", "precision": "bf16", "micro_batch": 1,
+                                   "seq_len": 512})
+    estimate = estimate_memory(spec, config, device="cuda", gpu=catalog.gpus.get("h100-sxm"),
+                               overheads=catalog.overheads)
+    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    attention = layers * (2 * h * h + 2 * h * kv)
+    expected = 2 * unquantized_numel(config) + attention / 2 + 2 * (2 * vocab * h) + 2 * (2 * layers + 1) * h
+    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(expected, rel=1e-6)
+    assert estimate.notes[0].startswith("QLoRA leaves the experts in bf16, not NF4: 45.10 B expert and router weights")
+
+
+def test_a_qlora_plan_of_a_mixture_of_experts_warns_that_the_experts_stay_bf16(catalog) -> None:  # type: ignore[no-untyped-def]
+    text = (f"model: {MIXTRAL}\nmethod: qlora\nprecision: bf16\nlora: {{dropout: 0}}\nseq_len: 1024\n"
+            "global_batch: 8\ndataset: {examples: 1000, mean_tokens: 500}\n")
+    loaded = load_spec_text(text, [Override("gpus.gpu", "h200", "--gpu"), Override("gpus.count", 1, "--gpus")],
+                            catalog)
+    plan = make_plan(loaded, catalog, PlanRequest(), today=date(2026, 11, 29), cache=False)
+    warnings = [w for w in plan["warnings"] if w["field"] == "method"]
+    assert len(warnings) == 1
+    assert warnings[0]["message"].startswith("QLoRA leaves the experts in bf16, not NF4")
+    assert warnings[0]["severity"] == "warning"
