@@ -96,6 +96,12 @@ def test_breakeven_in_units_of_work(cli, tmp_path) -> None:
     work = result.json()["work"]
     assert 0 < work["rented_hours_per_run"] < work["owned_hours_per_run"]  # the H100 is faster
     assert work["rented_usd_per_run"] > 0 and work["breakeven_runs"] > 0
+    # the run's own budget and deadline choose among plans; they hide no card from rent-or-buy
+    bounded = tmp_path / "bounded.yaml"
+    bounded.write_text(run.read_text() + "plan:\n  budget_usd: 0.01\n  deadline_hours: 0.001\n")
+    tight = cli("breakeven", "--gpu", "rtx-4090", "--rent-gpu", "h100-sxm", "--run", str(bounded), "--json")
+    assert tight.code == 0, tight.stderr
+    assert tight.json()["work"] == work
 
 
 def test_breakeven_without_a_price_names_the_flag(cli) -> None:
@@ -117,3 +123,58 @@ def test_micro_batch_must_be_a_number_or_auto(cli, model, value: str) -> None:
     assert result.code == 2
     assert "must be a whole number ≥ 1 or auto" in result.stderr
     assert result.stderr.count("✗") == 1
+
+
+def test_the_runs_ranking_budget_and_deadline_are_read_and_flags_win(cli, model, tmp_path) -> None:
+    flags = cli(*plan_args(model, "--gpu", "h100-sxm", "--json")).json()
+    totals = sorted(o["total_usd"] for o in flags["options"] if o["total_usd"] is not None)
+    budget = totals[len(totals) // 2]
+    run = tmp_path / "run.yaml"
+    run.write_text(f"model: {model}\nmethod: lora\nseq_len: 256\nglobal_batch: 8\ngpus:\n  gpu: h100-sxm\n"
+                   f"dataset:\n  examples: 1000000\n  mean_tokens: 200\nplan:\n  optimize: time\n  budget_usd: {budget}\n")
+    own = cli("plan", str(run), "--json").json()
+    flagged = cli(*plan_args(model, "--gpu", "h100-sxm", "--optimize", "time", "--budget", str(budget), "--json"))
+    assert own["options"] == flagged.json()["options"] and own["filtered_out"] > 0
+    assert own["optimize"] == "time" and own["budget_usd"] == budget
+    wider = cli("plan", str(run), "--budget", str(totals[-1] * 2), "--optimize", "cost", "--json").json()
+    assert wider["filtered_out"] == 0 and wider["optimize"] == "cost"
+    refused = cli("validate", str(run), "--set", "plan.budget_usd=-1")
+    assert refused.code == 2 and "plan.budget_usd" in refused.stderr
+
+
+def test_an_old_price_is_marked_in_the_table_and_the_recommendation(cli, model) -> None:
+    from tunecast.catalog.offers import OFFER_COLUMNS, Offer
+    from tunecast.catalog.rows import write_rows
+    from tunecast.paths import default_user_catalog_dir
+
+    old = Offer.model_validate({"provider": "oldcloud", "gpu": "h100-sxm", "gpu_count": 1, "usd_per_hour": 0.01,
+                                "billing_increment_s": 1, "minimum_charge_s": 0, "boot_billed": False,
+                                "volume_usd_per_gb_month": 0.1, "as_of": "2020-01-01", "source": "a test"})
+    catalog = default_user_catalog_dir()
+    catalog.mkdir(parents=True, exist_ok=True)
+    (catalog / "offers.csv").write_text(write_rows([old], OFFER_COLUMNS))
+    args = plan_args(model, "--gpu", "h100-sxm", "--gpus", "1", "--set", "pricing.spot=false")
+    document = cli(*args, "--json").json()
+    first = document["options"][0]
+    assert first["provider"] == "oldcloud" and first["price_stale"] and first["price_as_of"] == "2020-01-01"
+    assert first["price_age_days"] > 2000
+    assert any(line.startswith("Old price: 1 × h100-sxm on oldcloud is from 2020-01-01")
+               for line in document["recommendations"])
+    table = cli(*args)
+    assert table.code == 0 and "$0.01*" in table.stdout
+    assert "older than 90 days (the oldest shown is from 2020-01-01)" in " ".join(table.stdout.split())
+
+
+def test_check_is_a_pre_flight_gate_over_the_budget_and_deadline(cli, model) -> None:
+    fixed = ("--gpu", "H100", "--micro-batch", "1", "--no-grad-checkpointing")
+    passes = cli(*plan_args(model, *fixed, "--check", "--json"))
+    assert passes.code == 0, passes.stderr
+    document = passes.json()
+    cheapest = min(o["total_usd"] for o in document["options"] if o["fits"] and o["total_usd"] is not None)
+    over_budget = cli(*plan_args(model, *fixed, "--check", "--budget", f"{cheapest / 2:.4f}"))
+    assert over_budget.code == 3
+    assert "check failed: no option that fits meets a budget of $" in over_budget.stderr
+    assert cli(*plan_args(model, *fixed, "--budget", f"{cheapest / 2:.4f}")).code == 0  # no gate asked
+    fastest = min(o["hours"] for o in document["options"] if o["fits"])
+    late = cli(*plan_args(model, *fixed, "--check", "--deadline", f"{fastest / 2:.6f}"))
+    assert late.code == 3 and "a deadline of" in late.stderr

@@ -47,6 +47,9 @@ def test_the_plan_report_draws_every_chart_offline(plan_report: tuple[Path, dict
         heads.filter(has_text="hours").click()
         first = page.locator("table[data-table=options] tbody tr").first.locator("td").nth(9).inner_text()
         sort_by_hours.first_hours = float(first)  # type: ignore[attr-defined]
+        sort_by_hours.ticks = page.evaluate(  # type: ignore[attr-defined]
+            "['xtick', 'ytick'].map(k => Array.from(document.querySelectorAll("
+            "'[data-chart=cost-vs-time] .' + k + ' text')).map(t => t.textContent))")
 
     rendered = render(path, "plan-report", actions=sort_by_hours)
     assert rendered.requests == [] and rendered.errors == []
@@ -55,6 +58,12 @@ def test_the_plan_report_draws_every_chart_offline(plan_report: tuple[Path, dict
         assert drawn["width"] > 300 and drawn["height"] > 200 and drawn["marks"] > 0, (name, drawn)
     priced = [o for o in document["options"] if o["total_usd"] is not None]
     assert sort_by_hours.first_hours == pytest.approx(min(o["hours"] for o in priced), abs=0.01)  # type: ignore[attr-defined]
+    hours, costs = sort_by_hours.ticks  # type: ignore[attr-defined]
+    assert hours and all(tick.endswith(" h") for tick in hours), hours  # "0.3 h", never a bare "3"
+    assert costs and all(tick.startswith("$") for tick in costs), costs
+    stale = [o for o in priced[:200] if o["price_stale"]]
+    assert stale, "the demo plan rests on prices older than 90 days (the bundled catalog's of 2026-06-21)"
+    assert f"{len(stale)} of these prices are older than 90 days" in text
     for line in document["recommendations"]:
         assert line.replace("'", "&#x27;") in text or line in text
     assert rendered.screenshot.stat().st_size > 50_000

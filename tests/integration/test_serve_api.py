@@ -155,22 +155,40 @@ def test_the_catalog_lists_what_the_cli_lists(client: TestClient, cli: Any) -> N
 
 def test_an_exported_config_plans_as_the_request_did(client: TestClient, cli: Any, run_file: Path,
                                                       tmp_path: Path) -> None:
-    body = {"config": run_file.read_text(), "overrides": {"seq_len": 320, "pricing.spot": False}}
-    exported = client.post("/api/export", json=body)
-    assert exported.status_code == 200, exported.text
+    body: dict[str, Any] = {"config": run_file.read_text(), "overrides": {"seq_len": 320, "pricing.spot": False}}
+    everything = client.post("/api/plan", json=body).json()
+    priced = sorted(o["total_usd"] for o in everything["options"] if o["total_usd"] is not None)
+    # the page's ranking, budget and deadline are the run's `plan:` keys; a client may send them as options too
+    ranked = {**body, "overrides": {**body["overrides"], "plan.optimize": "time",
+                                    "plan.budget_usd": priced[len(priced) // 2]}}
+    hours = [o["hours"] for o in everything["options"] if o["total_usd"] is not None]
+    optioned = {**body, "options": {"deadline_hours": (min(hours) + max(hours)) / 2}}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    path = elsewhere / "exported.yaml"
-    path.write_text(exported.json()["yaml"])
-    assert client.post("/api/plan", json=body).json() == _cli_json(cli, "plan", str(path))
+    for number, request in enumerate((body, ranked, optioned)):
+        exported = client.post("/api/export", json=request)
+        assert exported.status_code == 200, exported.text
+        path = elsewhere / f"exported-{number}.yaml"
+        path.write_text(exported.json()["yaml"])
+        served = client.post("/api/plan", json=request).json()
+        printed = _cli_json(cli, "plan", str(path))
+        if request is optioned:  # options are flags to /api/plan: its spec keeps no deadline; the file's does
+            assert printed["spec"]["plan"]["deadline_hours"] == request["options"]["deadline_hours"]
+            served["spec"]["plan"] = printed["spec"]["plan"]
+        assert served == printed
+        if request is not body:
+            assert served["filtered_out"] > 0 and len(served["options"]) < len(everything["options"])
 
 
 def test_a_dropped_config_plans_like_the_file(client: TestClient, cli: Any, run_file: Path) -> None:
-    stored = client.post("/api/models", json={"config_json": shallow_llama(), "name": "tiny"}).json()["model"]
-    answer = client.post("/api/memory", json={"config": run_file.read_text(), "overrides": {"model": stored}})
+    """A dropped config joins the user's catalog under its name: the CLI knows it by that name too."""
+    dropped = {**shallow_llama(), "_name_or_path": "me/tiny"}
+    added = client.post("/api/models", json={"config_json": dropped, "file_name": "config.json"}).json()
+    assert added["model"] == "me/tiny" and added["params"] > 0
+    answer = client.post("/api/memory", json={"config": run_file.read_text(), "overrides": {"model": "me/tiny"}})
     assert answer.status_code == 200, answer.text
-    printed = _cli_json(cli, "memory", str(run_file), "--model", stored)
-    assert answer.json() == printed and printed["model"] == "tiny"
+    printed = _cli_json(cli, "memory", str(run_file), "--model", "me/tiny")
+    assert answer.json() == printed and printed["model"] == "me/tiny" and printed["params"] == added["params"]
 
 
 def test_errors_carry_the_clis_fields_and_hints(client: TestClient, cli: Any, run_file: Path) -> None:

@@ -248,7 +248,7 @@ def test_changing_inputs_changes_the_ranking(tab: Tab) -> None:
     before = plans(page)
     page.fill("#budget", str(budget))
     within = planned(page, before)
-    assert within["filtered_out"] > 0 and f"budget_usd={budget}" in page.url
+    assert within["filtered_out"] > 0 and f"plan.budget_usd={budget}" in page.url
     assert max(o["total_usd"] for o in priced(within)) <= budget and len(rows(page)) == len(priced(within))
     tab.shot("serve-page-changed")
     assert tab.foreign() == [] and tab.errors == []
@@ -299,9 +299,17 @@ def test_a_url_restores_its_state(tab: Tab, browser: Any) -> None:
 
 
 def test_export_yaml_plans_the_same_with_tunecast_plan(tab: Tab, tmp_path: Path) -> None:
+    """The export is the page's whole plan: with its ranking by hours and its budget (a link from before they were
+    RunSpec keys names them `optimize` and `budget_usd`: still read), `tunecast plan` on it lists the same options in
+    the same order."""
     page = tab.page
-    document = tab.open({**BASE, "method": "qlora", "lora.rank": "16", "lora.alpha": "32", "seq_len": "2048",
-                         "global_batch": "16", "pricing.spot": "false"})
+    shape = {**BASE, "method": "qlora", "lora.rank": "16", "lora.alpha": "32", "seq_len": "2048",
+             "global_batch": "16", "pricing.spot": "false"}
+    everything = tab.open(shape)
+    totals = sorted(o["total_usd"] for o in priced(everything))
+    document = tab.open({**shape, "optimize": "time", "budget_usd": str(totals[len(totals) // 3])})
+    assert page.input_value("#optimize") == "time" and document["optimize"] == "time"
+    assert document["filtered_out"] > 0 and document["spec"]["plan"]["budget_usd"] == totals[len(totals) // 3]
     with page.expect_download() as download:
         page.click("#export")
     text = Path(download.value.path()).read_text()
@@ -312,6 +320,7 @@ def test_export_yaml_plans_the_same_with_tunecast_plan(tab: Tab, tmp_path: Path)
                           env=tab.server.env, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     cli = json.loads(done.stdout)
+    assert len(cli["options"]) == len(document["options"]) < len(everything["options"])
     assert cli["options"] == document["options"] and cli["recommendations"] == document["recommendations"]
     assert cli["spec"] == document["spec"] and cli["dataset"] == document["dataset"]
     # the page's plan is the API's: the streamed document is the one POST /api/plan answers to the same request
@@ -371,11 +380,17 @@ def test_a_sample_file_and_a_dropped_config_json(tab: Tab) -> None:
     assert page.input_value("#mean-tokens") == f"{mean:g}" and document["spec"]["dataset"]["mean_tokens"] == mean
     assert page.input_value("#examples") == "20000", "a sample is not the whole dataset: its declared size is kept"
 
-    catalog_config = REPO / "src" / "tunecast" / "catalog" / "data" / "models" / "Qwen__Qwen3-0.6B.json"
+    # the catalog's config of the model, saved under another name (as a copy of it would be)
+    catalog_config = json.loads((REPO / "src" / "tunecast" / "catalog" / "data" / "models" /
+                                 "Qwen__Qwen3-0.6B.json").read_text())
     before = plans(page)
-    page.set_input_files("#config-file", str(catalog_config))
+    copy = json.dumps({**catalog_config, "_name_or_path": "my-org/qwen-copy"}).encode()
+    page.set_input_files("#config-file", files=[{"name": "config.json", "mimeType": "application/json",
+                                                 "buffer": copy}])
     dropped = planned(page, before)
-    assert page.input_value("#model") not in ("", MODEL) and dropped["model"]["name"] != MODEL
+    assert page.input_value("#model") == "my-org/qwen-copy" and "model=my-org%2Fqwen-copy" in page.url
+    assert dropped["model"] == {"name": "my-org/qwen-copy", "params": document["model"]["params"]}
+    assert page.locator("#model-facts").inner_text().startswith("0.60 B parameters · 28 layers")
     # the catalog's own config.json of the same model: the same memory and speed on every card
     def estimates(plan: dict[str, Any]) -> dict[tuple[str, int], tuple[float, float]]:
         return {(o["gpu"], o["gpu_count"]): (o["device_total_gib"], o["tokens_per_second"]) for o in priced(plan)}
@@ -401,3 +416,54 @@ def test_a_long_estimate_shows_progress_and_cancels(tab: Tab) -> None:
     assert document["spec"]["lora"]["dora"] is False
     assert time.monotonic() - started < 60, "the cancelled estimate no longer holds the server"
     assert tab.foreign() == [] and tab.errors == []
+
+
+def test_on_a_phone_a_search_old_prices_ticks_and_a_huge_batch(browser: Any, server: Server) -> None:
+    """One page load at a phone's width: the page never scrolls sideways, a model typed as people type it is found,
+    old prices are marked, the log axes say their units, and a global batch of 32 billion (a typo away from 32) holds
+    up neither the catalog nor the corrected plan."""
+    context = browser.new_context(viewport={"width": 375, "height": 800}, is_mobile=True)
+    page = context.new_page()
+    opened = Tab(page, server)
+    page.on("console", lambda message: opened.errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: opened.errors.append(str(error)))
+    try:
+        document = opened.open(BASE)
+        page.wait_for_timeout(300)  # the charts draw as their answers arrive
+        assert page.evaluate("document.documentElement.scrollWidth") <= 375, "the page scrolls sideways"
+        ticks = page.evaluate("Array.from(document.querySelectorAll('#chart-cost-vs-time .xtick text'))"
+                              ".map(t => t.textContent)")
+        costs = page.evaluate("Array.from(document.querySelectorAll('#chart-cost-vs-time .ytick text'))"
+                              ".map(t => t.textContent)")
+        assert ticks and all(t.endswith(" h") for t in ticks), ticks
+        assert costs and all(t.startswith("$") for t in costs), costs
+        stale = [o for o in priced(document)[:50] if o["price_stale"]]
+        assert stale, "the bundled catalog has prices older than 90 days (thunder-compute's, of 2026-06-21)"
+        marked = [row for row in rows(page) if row[4].endswith("*")]
+        assert len(marked) == len(stale) and page.locator("#stale-note").is_visible()
+        assert "older than 90 days" in page.locator("#stale-note").inner_text()
+        opened.shot("serve-page-phone")
+
+        page.fill("#model", "")
+        page.locator("#model").press_sequentially("Llama 3.1 8B", delay=20)
+        first = page.locator("#model-matches button").first
+        first.wait_for(timeout=10_000)
+        assert first.get_attribute("data-name") == "meta-llama/Llama-3.1-8B"
+        before = plans(page)
+        first.click()
+        assert page.input_value("#model") == "meta-llama/Llama-3.1-8B" and page.locator("#model-matches").is_hidden()
+        assert planned(page, before)["model"]["name"] == "meta-llama/Llama-3.1-8B"
+
+        before = plans(page)
+        page.fill("#global-batch", "32000000000")
+        page.wait_for_function("document.body.dataset.status === 'busy' || document.body.dataset.status === 'error'",
+                               timeout=10_000)
+        started = time.monotonic()
+        assert page.evaluate("fetch('/api/catalog').then(r => r.status)") == 200
+        assert time.monotonic() - started < 1.0, "the catalog waited for the huge plan"
+        page.fill("#global-batch", "32")
+        corrected = planned(page, before)
+        assert corrected["global_batch"] == 32 and time.monotonic() - started < 30
+        assert opened.errors_but_bad_requests() == []
+    finally:
+        context.close()

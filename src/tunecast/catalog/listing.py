@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.models import search_names
 from tunecast.catalog.store import Catalog
 
 
@@ -17,11 +18,11 @@ def listed_gpus(catalog: Catalog, *, min_memory_gib: float | None = None) -> lis
 
 
 def model_documents(catalog: Catalog, *, search: str | None = None) -> list[dict[str, Any]]:
-    """Each catalog model whose name contains `search` (any case): its shape, exact parameter count and source."""
+    """Each catalog model (those `search` finds, best first, as `search_names` matches them): its shape, exact
+    parameter count and source."""
     documents = []
-    for name in catalog.models.names:
-        if search is not None and search.lower() not in name.lower():
-            continue
+    names = catalog.models.names if search is None else search_names(catalog.models.names, search)
+    for name in names:
         model = catalog.models.find(name)
         assert model is not None  # a listed name
         documents.append({

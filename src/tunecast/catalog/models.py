@@ -118,6 +118,43 @@ def file_name_for(model_name: str) -> str:
     return model_name.replace("/", "__") + ".json"
 
 
+def _compact(text: str) -> str:
+    """Letters and digits only, lower case: `Llama 3.1 8B`, `llama-3.1-8b` and `Llama_3_1_8B` are all `llama318b`."""
+    return "".join(character for character in text.lower() if character.isalnum())
+
+
+def _words(text: str) -> list[str]:
+    return [_compact(word) for word in re.split(r"[\s/_]+", text) if _compact(word)]
+
+
+def search_names(names: list[str], text: str) -> list[str]:
+    """The names a person typing `text` means, best first. Case, spaces, dashes, dots and underscores do not count
+    (`Llama 3.1 8B` finds `meta-llama/Llama-3.1-8B`), the vendor may be left out or given (`meta llama 3.1 8b`), and
+    words may come in any order (`8B llama 3.1`). Best: the name after the vendor is what was typed; then it starts
+    with it; then the whole name holds it; then it holds every word; shorter names first within each."""
+    wanted = _compact(text)
+    if not wanted:
+        return list(names)
+    words = _words(text)
+    found: list[tuple[int, int, str]] = []
+    for name in names:
+        whole = _compact(name)
+        short = _compact(name.split("/")[-1])
+        if short == wanted or whole == wanted:
+            grade = 0
+        elif short.startswith(wanted):
+            grade = 1
+        elif wanted in whole:
+            grade = 2
+        elif words and all(word in whole for word in words):
+            grade = 3
+        else:
+            continue
+        found.append((grade, len(name), name))
+    return [name for _, _, name in sorted(found, key=lambda row: (row[0], row[1], row[2].lower()))]
+
+
+
 class ModelIndex:
     """Catalog models by name: exact id, case-insensitive id, or the part after the slash when unique."""
 
@@ -159,7 +196,8 @@ class ModelIndex:
         variant of a catalog model comes first: fine-tuned variants share the base architecture."""
         full_by_short = {n.split("/")[-1]: n for n in self._entries}
         close = did_you_mean(name, [*self._entries, *full_by_short], n=6, cutoff=0.5)
-        names = [full_by_short.get(c, c) for c in close]
+        # what a search finds first (`Llama 3.1 8B` is meta-llama/Llama-3.1-8B), then what is spelled alike
+        names = search_names(self.names, name)[:2] + [full_by_short.get(c, c) for c in close]
         base = _VARIANT_SUFFIX.sub("", name.strip())
         if base != name.strip() and base.lower() in self._by_key:
             names.insert(0, self._by_key[base.lower()])

@@ -184,7 +184,9 @@ models_app = typer.Typer(help="Models in the catalog, with exact parameter count
 def models_command(
     ctx: typer.Context,
     json_output: JsonFlag = False,
-    search: Annotated[str | None, typer.Option("--search", help="Only names containing this text.")] = None,
+    search: Annotated[str | None, typer.Option("--search", help="Only the models this text names, best first: case, "
+                                               "spaces, dashes and dots alike, the vendor optional (`llama 3.1 8b`)."
+                                               )] = None,
 ) -> None:
     """Catalog models: name, architecture, layers, hidden size, vocabulary and exact parameter count."""
     if ctx.invoked_subcommand is not None:

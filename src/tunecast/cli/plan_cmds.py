@@ -12,7 +12,7 @@ from rich.table import Table
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
-from tunecast.cli.render import err, out, print_json, print_problems, working
+from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, spec_command
 from tunecast.config.load import imported_part
 from tunecast.errors import Problem
@@ -26,12 +26,12 @@ def plan_command(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
     = None,
-    optimize: Annotated[str, typer.Option("--optimize", help="Rank by total `cost` (default) or by `time`.")]
-    = "cost",
-    budget: Annotated[float | None, typer.Option("--budget", metavar="USD", help="Only runs costing at most this.")]
-    = None,
-    deadline: Annotated[float | None, typer.Option("--deadline", metavar="HOURS", help="Only runs done within this.")]
-    = None,
+    optimize: Annotated[str | None, typer.Option("--optimize", help="Rank by total `cost` or by `time` (hours within "
+                                                 "5% count as equal). Default: plan.optimize, else cost.")] = None,
+    budget: Annotated[float | None, typer.Option("--budget", metavar="USD", help="Only runs costing at most this. "
+                                                 "Default: plan.budget_usd, else none.")] = None,
+    deadline: Annotated[float | None, typer.Option("--deadline", metavar="HOURS", help="Only runs done within this. "
+                                                   "Default: plan.deadline_hours, else none.")] = None,
     preemptions: Annotated[float | None, typer.Option(
         "--preemptions-per-hour", help="Spot preemption rate to assume for every offer.")] = None,
     top: Annotated[int, typer.Option("--top", help="Options shown in the table (the JSON has all).")] = 15,
@@ -41,14 +41,17 @@ def plan_command(
     report: Annotated[Path | None, typer.Option("--report", metavar="FILE", help="Also write the plan as a "
                                                 "self-contained HTML page with charts (works offline).")] = None,
     json_output: JsonFlag = False,
+    check: Annotated[bool, typer.Option(
+        "--check", help="A pre-flight gate: exit 0 when at least one option fits within the budget and deadline, and "
+                        f"{DOES_NOT_FIT} when none does, with the reason on stderr.")] = False,
     *,
     spec_args: SpecArgs,
-) -> None:
+) -> int:
     """Every GPU and count: the fastest configuration that fits, tokens/s, hours, and the whole run's cost per
     offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
     from tunecast.catalog.store import today
     from tunecast.plan.calibration import read_calibration
-    from tunecast.plan.report import PlanRequest, make_plan
+    from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
     loaded = load_from_cli(ctx, config, spec_args)
     request = PlanRequest(optimize, budget, deadline, preemptions,
@@ -64,10 +67,15 @@ def plan_command(
         err.print(f"wrote {escape(str(report))}")
     if json_output:
         print_json({**document, **imported_part(loaded)})
-        return
-    _render_plan(document, top)
-    print_problems(list(loaded.warnings) + [Problem(**w) for w in document.get("warnings", [])])
-    print_imported(loaded)
+    else:
+        _render_plan(document, top)
+        print_problems(list(loaded.warnings) + [Problem(**w) for w in document.get("warnings", [])])
+        print_imported(loaded)
+    failure = check_failure(document) if check else None
+    if failure is not None:
+        err.print(f"check failed: {escape(failure)}")
+        return DOES_NOT_FIT
+    return 0
 
 
 UNFIT_SHOWN = 8  # configurations that do not fit, listed with their reason under the table
@@ -75,13 +83,14 @@ UNPRICED_SHOWN = 4  # configurations that fit but no offer prices, listed after 
 
 
 def _render_plan(document: dict[str, Any], top: int) -> None:
-    from tunecast.plan.planner import gpus_text
+    from tunecast.catalog.offers import STALE_AFTER_DAYS
+    from tunecast.plan.planner import SAME_TIME_WITHIN, gpus_text
 
     data = document["dataset"]
     spec = document["spec"]
     out.print(f"[bold]{escape(document['model']['name'])}[/] · {spec['method']} · {spec['precision']} · "
               f"{data['processed_tokens']:,} tokens processed ({data['trained_tokens']:,} trained) over "
-              f"{data['epochs']:g} epoch(s) · global batch {document['global_batch']} × {spec['seq_len']}"
+              f"{data['length']} · global batch {document['global_batch']} × {spec['seq_len']}"
               + ("" if spec.get("runner", "tunecast") == "tunecast" else f" · as {spec['runner']} runs it"))
     out.print(f"[dim]dataset: {escape(data['tokenizer'])}[/]")
     if data.get("padding_assumption"):
@@ -93,7 +102,8 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     unpriced = [o for o in options if o["fits"] and o["total_usd"] is None
                 and (single or o["basis"] == "measured")]
     calibrated = document.get("calibration") is not None
-    ranking = "total cost" if document["optimize"] == "cost" else "hours"
+    ranking = ("total cost" if document["optimize"] == "cost" else
+               f"hours (within {SAME_TIME_WITHIN:.0%} as fast: the cheaper first)")
     table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced; ★ = Pareto front of "
                   "cost and time)", title_justify="left")
     columns = [("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"), ("$/h", "right"),
@@ -101,11 +111,14 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
                ("total", "right")] + ([("basis", "left")] if calibrated else [])
     for heading, justify in columns:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for option in priced[:top] + unpriced[:UNPRICED_SHOWN]:
+    shown = priced[:top] + unpriced[:UNPRICED_SHOWN]
+    for option in shown:
         cost = option["total_usd"] is not None
+        rate = format_usd(option["usd_per_hour_total"]) if cost else "—"
+        if option.get("price_stale"):
+            rate = f"[yellow]{rate}*[/]"
         table.add_row("★" if option["pareto"] else "", gpus_text(option),
-                      escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "",
-                      format_usd(option["usd_per_hour_total"]) if cost else "—",
+                      escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "", rate,
                       f"{option['micro_batch']}×{option['grad_accum']}",
                       "yes" if option["grad_checkpointing"] else "", f"{option['device_total_gib']:.1f}",
                       f"{option['tokens_per_second']:,.0f}", f"{option['hours']:.1f}" if option["hours"] >= 0.05
@@ -113,6 +126,10 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
                       f"${option['total_usd']:,.2f}" if cost else "no price",
                       *([option["basis"]] if calibrated else []))
     out.print(table)
+    stale = [o["price_as_of"] for o in shown if o.get("price_stale")]
+    if stale:
+        out.print(f"[yellow]* a price older than {STALE_AFTER_DAYS} days (the oldest shown is from {min(stale)}): it "
+                  "may have moved; `tunecast offers` lists every price's date and source.[/]")
     unfit = {(o["gpu"], o["gpu_count"]): o["notes"][0] for o in options if not o["fits"]}
     if unfit:
         out.print(f"Does not fit ({len(unfit)}):")

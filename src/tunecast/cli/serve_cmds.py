@@ -15,6 +15,7 @@ from tunecast.cli.render import err
 from tunecast.errors import TunecastError
 
 LOOPBACK_NAMES = ("localhost",)
+CONNECTIONS = 100
 
 
 def is_loopback(host: str) -> bool:
@@ -57,6 +58,10 @@ def serve_command(
     = 8000,
     open_browser: Annotated[bool, typer.Option("--open/--no-open", help="Open the page in a browser once the "
                                                "server is up.")] = False,
+    timeout: Annotated[float | None, typer.Option("--timeout", metavar="SECONDS", min=1.0, help="The longest one "
+                                                  "request may run before it is stopped and answered 503. Default: "
+                                                  "ten minutes (a cold trace of a large model's settings on a laptop "
+                                                  "CPU takes minutes).")] = None,
 ) -> None:
     """The web planner: pick a model (or drop its config.json), method, lengths, dataset, GPUs and prices, and see
     the ranked runs, memory per GPU, cost against time and rent against buy update as you go. The page talks to a
@@ -64,7 +69,7 @@ def serve_command(
     it."""
     import uvicorn
 
-    from tunecast.serve.app import create_app
+    from tunecast.serve.app import REQUEST_SECONDS, create_app
 
     loopback = is_loopback(host)
     if not loopback:
@@ -76,9 +81,12 @@ def serve_command(
     shown = f"[{host.strip('[]')}]" if ":" in host else host
     url = f"http://{shown}:{bound}/"
     allowed = [host.strip("[]").lower(), "localhost", "127.0.0.1", "::1"] if loopback else None
-    app = create_app(state(ctx).catalog_dir, allowed_hosts=allowed)
+    app = create_app(state(ctx).catalog_dir, allowed_hosts=allowed,
+                     timeout_s=timeout if timeout is not None else REQUEST_SECONDS)
     err.print(f"tunecast serve: the planner is at {url} (API spec: {url}openapi.json); Ctrl-C stops it")
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5)
+    # past CONNECTIONS at once, uvicorn answers 503 at once rather than queue more (a page holds a handful)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+                            limit_concurrency=CONNECTIONS)
     server = uvicorn.Server(config)
     if open_browser:
         import threading

@@ -180,7 +180,9 @@ def _work_break_even(catalog: Catalog, run: RunLoader, owned: Gpu | None, rented
     on = today if today is not None else catalog_today()
 
     def best(slug: str) -> dict[str, Any]:
-        loaded = run([Override("gpus.gpu", slug, "--gpu"), Override("gpus.count", 1, "--gpus")])
+        # the run on one card, whatever its plan's budget and deadline (they would hide the card's one option)
+        loaded = run([Override("gpus.gpu", slug, "--gpu"), Override("gpus.count", 1, "--gpus"),
+                      Override("plan.budget_usd", None, "--run"), Override("plan.deadline_hours", None, "--run")])
         plan = make_plan(loaded, catalog, PlanRequest(), today=on)
         fitting = [o for o in plan["options"] if o["fits"]]
         if not fitting:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from tunecast.catalog.offers import Offer
+from tunecast.catalog.offers import STALE_AFTER_DAYS, Offer
 from tunecast.units import HOURS_PER_MONTH, SECONDS_PER_HOUR
 
 ON_DEMAND_CHECKPOINT_HOURS = 0.5  # automatic interval on on-demand capacity
@@ -79,6 +79,9 @@ class OfferCost:
     checkpoint_interval_hours: float
     expected_preemptions: float
     notes: tuple[str, ...]
+    price_as_of: date | None = None  # the date of the offer's price
+    price_age_days: int | None = None  # how old that price is on the day of the plan
+    price_stale: bool = False  # older than the catalog's STALE_AFTER_DAYS (`tunecast offers` marks it `*`)
 
     @property
     def total_usd(self) -> float:
@@ -91,7 +94,9 @@ class OfferCost:
                 "storage_usd": round(self.storage_usd, 4), "preemption_usd": round(self.preemption_usd, 2),
                 "total_usd": round(self.total_usd, 2),
                 "checkpoint_interval_hours": round(self.checkpoint_interval_hours, 3),
-                "expected_preemptions": round(self.expected_preemptions, 2)}
+                "expected_preemptions": round(self.expected_preemptions, 2),
+                "price_as_of": self.price_as_of.isoformat() if self.price_as_of else None,
+                "price_age_days": self.price_age_days, "price_stale": self.price_stale}
 
 
 def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruptions_per_hour: float,
@@ -105,8 +110,10 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
     notes: list[str] = []
     if offer.gpu_count > 1 and gpus > shape.gpu_count:
         notes.append(f"the offer rents whole nodes of {offer.gpu_count} GPUs")
-    if offer.is_stale(today):
-        notes.append(f"price from {offer.as_of.isoformat()}, older than 90 days")
+    stale = offer.is_stale(today)
+    if stale:
+        notes.append(f"price from {offer.as_of.isoformat()}, {offer.age_days(today)} days old (older than "
+                     f"{STALE_AFTER_DAYS} days: check it)")
     base_hours = shape.startup_hours + shape.train_hours
     preemption_hours = 0.0
     expected = 0.0
@@ -143,7 +150,7 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
     if note:
         notes.append(note)
     return OfferCost(offer.provider, spot, rate, wall_hours, compute_usd, storage_usd, preemption_usd, interval,
-                     expected, tuple(notes))
+                     expected, tuple(notes), offer.as_of, offer.age_days(today), stale)
 
 
 def _volume_note(offer: Offer) -> str | None:

@@ -9,6 +9,7 @@ offload and strategy change only when `plan.allow` lists the change.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -35,6 +36,14 @@ GPU_COUNTS = (1, 2, 4, 8)
 MULTI_NODE_COUNTS = (16, 32)
 MIB = 2**20
 SMALL_MICRO_BATCH = 2
+MICRO_BATCH_CANDIDATES = 16  # fitting micro-batches whose speed is worked out per GPU and count (_speed_candidates)
+# Two runs whose hours differ by less than this share are equally fast to a person reading the plan ("1.3 h" and
+# "1.3 h"): the cheaper is the better, in the ranking by time, in the "Fastest" recommendation and in the Pareto front
+# (`time_classes`). Start-up, loading and checkpoint writes weigh the same on any card, so a short run on 8 of the
+# dearest GPUs often finishes within a minute of one on 4 cheaper ones at twenty times the price. 5%: the throughput
+# model's median error against measured runs is three times that (docs/validation/throughput.md), so a smaller
+# difference in predicted hours is no difference anyone can count on.
+SAME_TIME_WITHIN = 0.05
 # Changes `plan.allow` may permit, in the order tried: least effect on speed and on the result first.
 ALLOWED_CHANGES: tuple[tuple[str, dict[str, Any]], ...] = (
     ("fsdp", {"gpus.strategy": "fsdp"}),
@@ -107,6 +116,7 @@ class Option:
             "hours": round(self.cost.hours, 3) if self.cost else (round(c.hours, 3) if c else None),
             "eval_hours": round(c.eval_hours, 3) if c else None,
             "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
+            "price_as_of": None, "price_age_days": None, "price_stale": False,
             "pareto": self.pareto,
             "capacity_gib": round(self.capacity_gib, 2) if self.capacity_gib is not None else None,
             "memory_breakdown_gib": _breakdown(c.memory if c else self.closest),
@@ -117,13 +127,53 @@ class Option:
         if self.cost:
             cost = self.cost.as_dict()
             for key in ("compute_usd", "storage_usd", "preemption_usd", "total_usd", "checkpoint_interval_hours",
-                        "expected_preemptions"):
+                        "expected_preemptions", "price_as_of", "price_age_days", "price_stale"):
                 document[key] = cost[key]
         return document
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(n, 0, -1) if n % d == 0]
+@functools.lru_cache(maxsize=256)
+def _prime_factors(n: int) -> tuple[tuple[int, int], ...]:
+    """(prime, power) of n by trial division: up to √ of what is left, so O(√n) at worst (a large prime) and a few
+    steps for the batch sizes people use (powers of two times a few small primes)."""
+    factors = []
+    left = n
+    divisor = 2
+    while divisor * divisor <= left:
+        power = 0
+        while left % divisor == 0:
+            left //= divisor
+            power += 1
+        if power:
+            factors.append((divisor, power))
+        divisor += 1 if divisor == 2 else 2
+    if left > 1:
+        factors.append((left, 1))
+    return tuple(factors)
+
+
+def divisors(n: int) -> list[int]:
+    """Every divisor of n, largest first, made from its prime factors (a global batch of 32 billion has 150
+    divisors, found in microseconds; counting down from n took hours)."""
+    found = [1]
+    for prime, power in _prime_factors(n):
+        found = [d * prime**k for d in found for k in range(power + 1)]
+    return sorted(found, reverse=True)
+
+
+def _speed_candidates(sizes: list[int]) -> list[int]:
+    """Of the micro-batches that fit (largest first), those whose speed the planner works out: all of them when they
+    are few, else MICRO_BATCH_CANDIDATES spread evenly on a log scale, the largest and smallest among them. Speed
+    changes smoothly with the micro-batch (more sequences per kernel, more padding when unpacked), so neighbours a
+    few percent apart add nothing but time: a global batch of 720,720 has 240 divisors."""
+    if len(sizes) <= MICRO_BATCH_CANDIDATES:
+        return sizes
+    chosen = {sizes[0], sizes[-1]}
+    top, bottom = math.log(sizes[0]), math.log(sizes[-1])
+    for step in range(1, MICRO_BATCH_CANDIDATES - 1):
+        target = top + (bottom - top) * step / (MICRO_BATCH_CANDIDATES - 1)
+        chosen.add(min(sizes, key=lambda size: abs(math.log(size) - target)))
+    return [size for size in sizes if size in chosen]
 
 
 # Keys of a RunSpec that change no training step's memory (the data, the schedule, checkpoints, evaluation, prices, the
@@ -148,6 +198,9 @@ class Planner:
     # the smallest estimate of each (GPU, count) that does not fit, for the memory chart of the report
     closest: dict[tuple[str, int], MemoryEstimate] = field(default_factory=dict)
     _pairs: dict[tuple[Any, ...], ProfilePair] = field(default_factory=dict)
+    # called before every estimate: a server's job raises there when its client left or its time ran out, so that
+    # a plan stops within one estimate (a trace under way finishes first)
+    check: Callable[[], None] | None = None
 
     @property
     def spec(self) -> RunSpec:
@@ -158,6 +211,8 @@ class Planner:
         return spec.global_batch or spec.micro_batch_size * spec.grad_accum * spec.gpus.count
 
     def _estimate(self, spec: RunSpec, gpu: Gpu, micro_batch: int, checkpointing: bool) -> MemoryEstimate:
+        if self.check is not None:
+            self.check()
         # Memory depends on the GPU only through its architecture's cuBLAS workspace: cards of one
         # architecture share their estimates.
         key = (spec.model_dump_json(exclude={"gpus": {"gpu"}, **dict.fromkeys(NOT_MEMORY_KEYS, True)}),
@@ -186,7 +241,7 @@ class Planner:
         if batch % count:
             return f"the global batch of {batch} sequences does not divide over {count} GPUs"
         per_gpu = batch // count
-        micro_batches = [spec.micro_batch_size] if spec.fixed("micro_batch") else _divisors(per_gpu)
+        micro_batches = [spec.micro_batch_size] if spec.fixed("micro_batch") else divisors(per_gpu)
         if spec.fixed("micro_batch") and per_gpu % spec.micro_batch_size:
             return f"micro_batch {spec.micro_batch_size} does not divide the {per_gpu} sequences per GPU per step"
         if spec.grad_checkpointing == "auto" or not spec.fixed("grad_checkpointing"):
@@ -220,25 +275,22 @@ class Planner:
             if least.device_total_gib > capacity:
                 continue
             for checkpointing in checkpointing_options:
-                fitting: list[Configuration] = []
-                for micro_batch in sizes:  # largest first: once one fits, every smaller one does
-                    memory = self._estimate(candidate, gpu, micro_batch, checkpointing)
-                    if smallest is None or memory.device_total_gib < smallest.device_total_gib:
-                        smallest = memory
-                    if fitting or memory.device_total_gib <= capacity:
-                        fitting.append(self._configuration(gpu, count, candidate, micro_batch,
-                                                           per_gpu // micro_batch, checkpointing, memory,
-                                                           tuple(names), internode_gb_per_s))
-                if fitting:
-                    # the largest micro-batch is not always the fastest: unpacked, it pads every sequence to
-                    # the longest of more examples
-                    best = max(fitting, key=lambda c: c.tokens_per_second)
-                    largest = fitting[0].micro_batch
-                    if largest <= SMALL_MICRO_BATCH < per_gpu:
-                        best.memory_bound_micro_batch = largest
-                        best.notes.insert(0, f"only a micro-batch of {largest} fits: slower steps, noisier "
-                                             "statistics")
-                    return best
+                first = self._largest_fitting(candidate, gpu, sizes, checkpointing, capacity)
+                if first is None:
+                    continue
+                fitting = [self._configuration(gpu, count, candidate, micro_batch, per_gpu // micro_batch,
+                                               checkpointing, self._estimate(candidate, gpu, micro_batch,
+                                                                             checkpointing),
+                                               tuple(names), internode_gb_per_s)
+                           for micro_batch in _speed_candidates(sizes[first:])]
+                # the largest micro-batch is not always the fastest: unpacked, it pads every sequence to the
+                # longest of more examples
+                best = max(fitting, key=lambda c: c.tokens_per_second)
+                largest = fitting[0].micro_batch
+                if largest <= SMALL_MICRO_BATCH < per_gpu:
+                    best.memory_bound_micro_batch = largest
+                    best.notes.insert(0, f"only a micro-batch of {largest} fits: slower steps, noisier statistics")
+                return best
         if smallest is None:
             return (f"optimizer_in_backward accumulates no gradients, so the micro-batch must be the {per_gpu} "
                     f"sequences per GPU per step, not {spec.micro_batch_size}")
@@ -247,6 +299,20 @@ class Planner:
         tried = f" (tried: {', '.join(names)})" if names else ""
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "
                 f"{capacity:.1f} GiB the plan may use{tried}")
+
+    def _largest_fitting(self, spec: RunSpec, gpu: Gpu, sizes: list[int], checkpointing: bool,
+                         capacity: float) -> int | None:
+        """The index in `sizes` (largest first) of the largest micro-batch that fits, or None. Memory grows with the
+        micro-batch, so once one fits every smaller one does: a binary search, a few estimates however many
+        divisors the global batch has."""
+        low, high = 0, len(sizes)  # sizes[high:] fit; sizes[:low] do not
+        while low < high:
+            middle = (low + high) // 2
+            if self._estimate(spec, gpu, sizes[middle], checkpointing).device_total_gib <= capacity:
+                high = middle
+            else:
+                low = middle + 1
+        return low if low < len(sizes) else None
 
     def _configuration(self, gpu: Gpu, count: int, spec: RunSpec, micro_batch: int, grad_accum: int,
                        checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...],
@@ -435,27 +501,52 @@ def _applicable(name: str, spec: RunSpec, count: int) -> bool:
     return True
 
 
-def mark_pareto(options: list[Option]) -> None:
-    """Mark the priced options no other beats on both total cost and hours."""
-    priced = [o for o in options if o.cost is not None]
-    priced.sort(key=lambda o: (o.cost.total_usd, o.cost.hours))  # type: ignore[union-attr]
-    best_hours = float("inf")
+def time_classes(options: list[Option]) -> dict[int, int]:
+    """The priced options' classes of equal time, by `id` of the option: 0 for the fastest and every option within
+    SAME_TIME_WITHIN of it, 1 for the fastest of the rest and those within that of it, and so on."""
+    priced = sorted((o for o in options if o.cost is not None), key=lambda o: o.cost.hours)  # type: ignore[union-attr]
+    classes: dict[int, int] = {}
+    number, start = -1, 0.0
     for option in priced:
         assert option.cost is not None
-        if option.cost.hours < best_hours:
+        if number < 0 or option.cost.hours > start * (1 + SAME_TIME_WITHIN):
+            number, start = number + 1, option.cost.hours
+        classes[id(option)] = number
+    return classes
+
+
+def mark_pareto(options: list[Option]) -> None:
+    """Mark the priced options nothing beats on both total cost and hours, hours within SAME_TIME_WITHIN counting as
+    equal: of each class of equal time (`time_classes`), the cheapest, when it costs less than the cheapest of every
+    faster class."""
+    classes = time_classes(options)
+    cheapest: dict[int, Option] = {}
+    by_cost = sorted((o for o in options if o.cost is not None),
+                     key=lambda o: (o.cost.total_usd, o.cost.hours))  # type: ignore[union-attr]
+    for option in by_cost:
+        cheapest.setdefault(classes[id(option)], option)
+    lowest = float("inf")
+    for number in sorted(cheapest):
+        option = cheapest[number]
+        assert option.cost is not None
+        if option.cost.total_usd < lowest:
             option.pareto = True
-            best_hours = option.cost.hours
+            lowest = option.cost.total_usd
 
 
 def rank(options: list[Option], *, optimize: str) -> list[Option]:
-    """Priced options best first (total cost, or hours), then unpriced ones that fit, then those that do not."""
-    def key(option: Option) -> tuple[int, float, float]:
+    """Priced options best first, then unpriced ones that fit, then those that do not. By cost: total cost, then
+    hours. By time: the class of equal time (`time_classes`: hours within SAME_TIME_WITHIN are as fast), then total
+    cost, then hours."""
+    classes = time_classes(options)
+
+    def key(option: Option) -> tuple[float, ...]:
         if option.cost is not None:
-            primary = option.cost.total_usd if optimize == "cost" else option.cost.hours
-            secondary = option.cost.hours if optimize == "cost" else option.cost.total_usd
-            return (0, primary, secondary)
+            if optimize == "cost":
+                return (0, option.cost.total_usd, option.cost.hours)
+            return (0, classes[id(option)], option.cost.total_usd, option.cost.hours)
         if option.configuration is not None:
-            return (1, option.configuration.hours, 0.0)
-        return (2, 0.0, 0.0)
+            return (1, option.configuration.hours)
+        return (2,)
 
     return sorted(options, key=key)

@@ -6,17 +6,20 @@ import hashlib
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 from tunecast.atomic import write_text_atomic
 from tunecast.catalog.devices import from_probe
+from tunecast.catalog.offers import STALE_AFTER_DAYS
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
+from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, TunecastError
 from tunecast.estimate import replays
+from tunecast.estimate.memory import unquantized_experts_note
 from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
 from tunecast.plan.calibration import Calibration, calibrated_device, check_against
@@ -24,16 +27,26 @@ from tunecast.plan.planner import Estimates, Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
-PLAN_FORMAT = 9
+PLAN_FORMAT = 10
 
 
 @dataclass(frozen=True)
 class PlanRequest:
-    optimize: str = "cost"  # or "time"
+    """`tunecast plan`'s flags beside the run. Ranking, budget and deadline left None are the run's own
+    (`plan.optimize`, `plan.budget_usd`, `plan.deadline_hours`); a value given here wins, as a flag does."""
+
+    optimize: str | None = None  # "cost" or "time"
     budget_usd: float | None = None
     deadline_hours: float | None = None
     interruptions_per_hour: float | None = None
     calibration: dict[str, Any] | None = None  # a `tunecast calibrate` document
+
+    def over(self, spec: RunSpec) -> PlanRequest:
+        """This request with what it leaves open taken from the run's `plan:` section."""
+        return replace(self, optimize=self.optimize if self.optimize is not None else spec.plan.optimize,
+                       budget_usd=self.budget_usd if self.budget_usd is not None else spec.plan.budget_usd,
+                       deadline_hours=(self.deadline_hours if self.deadline_hours is not None
+                                       else spec.plan.deadline_hours))
 
 
 def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, today: date) -> str:
@@ -57,11 +70,13 @@ def _fingerprint(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, tod
 
 def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
               progress: Callable[[str], None] | None = None, estimates: Estimates | None = None,
-              cache: bool = True) -> dict[str, Any]:
+              cache: bool = True, check: Callable[[], None] | None = None) -> dict[str, Any]:
     """The plan document (`tunecast plan --json`), from the cache when nothing it depends on changed (`cache`: look
     there, and keep the plan there; a server keeps its answers itself). `estimates`: memory estimates of this model
     (its config as `loaded` holds it) and catalog that earlier plans made, used and added to (a server keeps them
-    across the plans of a model; the CLI plans once)."""
+    across the plans of a model; the CLI plans once). `check` is called before every estimate (a server's job
+    stops there when its client left)."""
+    request = request.over(loaded.spec)
     _check(request)
     cache = cache and os.environ.get("TUNECAST_NO_CACHE") != "1"
     path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json" if cache else None
@@ -70,7 +85,7 @@ def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, tod
         return cached
     with replays.deferred():  # the replays of the plan's estimates, written once
         document = _compute(loaded, catalog, request, today=today, progress=progress,
-                            estimates={} if estimates is None else estimates)
+                            estimates={} if estimates is None else estimates, check=check)
     if path is not None:
         write_text_atomic(path, json.dumps(document))
     return document
@@ -90,9 +105,14 @@ def _check(request: PlanRequest) -> None:
 
 
 def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, today: date,
-             progress: Callable[[str], None] | None, estimates: Estimates) -> dict[str, Any]:
+             progress: Callable[[str], None] | None, estimates: Estimates,
+             check: Callable[[], None] | None = None) -> dict[str, Any]:
     workload = workload_for(loaded, catalog)
     warnings: list[Problem] = []
+    experts = unquantized_experts_note(loaded.spec, loaded.model.data)
+    if experts is not None:  # most of a mixture of experts' weights: every option is sized with them so
+        warnings.append(Problem("method", experts, "the options are sized with the experts unquantized; see "
+                                "docs/memory.md, QLoRA and mixtures of experts", severity="warning"))
     calibration = None
     gpus = [loaded.gpu] if loaded.gpu is not None else sorted((g for g in catalog.gpus if not from_probe(g)),
                                                               key=lambda g: g.slug)
@@ -102,7 +122,7 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
         calibrated = calibrated_device(request.calibration, catalog)
         # the calibrated device is always among the options, with its measured figures
         gpus = [g for g in gpus if g.slug != calibrated.slug] + [calibrated]
-    planner = Planner(loaded, catalog, workload, calibration, estimates)
+    planner = Planner(loaded, catalog, workload, calibration, estimates, check=check)
     options = list(planner.options(gpus, interruptions_override=request.interruptions_per_hour, today=today,
                                    progress=progress))
     kept: list[Option] = []
@@ -115,7 +135,7 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
             continue
         kept.append(option)
     mark_pareto(kept)
-    ranked = rank(kept, optimize=request.optimize)
+    ranked = rank(kept, optimize=request.optimize or "cost")
     return {
         "schema_version": SCHEMA_VERSION,
         "spec": loaded.spec.model_dump(mode="json"),
@@ -123,25 +143,47 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
         "dataset": workload.as_dict(),
         "global_batch": planner.global_batch(),
         "optimize": request.optimize,
+        "budget_usd": request.budget_usd,
+        "deadline_hours": request.deadline_hours,
         "filtered_out": len(dropped),
+        "price_stale_after_days": STALE_AFTER_DAYS,  # an option's `price_stale`: its price older than this
         "calibration": None if calibration is None else {
             "device": calibration.device_slug, "measured_tokens_per_second": calibration.tokens_per_second,
             "passes_factor": calibration.passes_factor, "optimizer_factor": calibration.optimizer_factor,
             "memory_factor": calibration.memory_factor},
         "warnings": [w.as_dict() for w in warnings],
-        "recommendations": recommendations(ranked, dropped),
+        "recommendations": recommendations(ranked, dropped, optimize=request.optimize or "cost"),
         "options": [option.as_dict() for option in ranked],
     }
 
 
-def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
-    """Plain-word advice: the cheapest and fastest runs, spot against on-demand, small micro-batches."""
+def check_failure(document: dict[str, Any]) -> str | None:
+    """Why a plan fails its pre-flight gate (`tunecast plan --check`), or None when it passes: at least one option
+    fits and, with a budget or a deadline, is known to meet them (a price for the budget, hours for the deadline)."""
+    budget, deadline = document["budget_usd"], document["deadline_hours"]
+    passing = [o for o in document["options"] if o["fits"]
+               and (budget is None or (o["total_usd"] is not None and o["total_usd"] <= budget))
+               and (deadline is None or (o["hours"] is not None and o["hours"] <= deadline))]
+    if passing:
+        return None
+    if not any(o["fits"] for o in document["options"]) and not document["filtered_out"]:
+        unfit = next((o for o in document["options"] if o["notes"]), None)
+        reason = "" if unfit is None else \
+            f" ({unfit['gpu_count']}×{unfit['gpu']}: {unfit['notes'][0].removeprefix('does not fit: ')})"
+        return f"no option fits{reason}"
+    limits = " and ".join(part for part in (f"a budget of ${budget:,.2f}" if budget is not None else "",
+                                            f"a deadline of {deadline:g} h" if deadline is not None else "") if part)
+    return f"no option that fits meets {limits or 'the limits'}"
+
+
+def recommendations(ranked: list[Option], dropped: list[Option], *, optimize: str = "cost") -> list[str]:
+    """Plain-word advice: the cheapest and fastest runs, spot against on-demand, small micro-batches, and a price
+    that is old enough to have moved."""
     priced = [o for o in ranked if o.cost is not None]
     if not priced and dropped:
         cheapest = min(dropped, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
-        fastest = min(dropped, key=lambda o: o.cost.hours)  # type: ignore[union-attr]
         return [f"No run meets the budget and deadline. Cheapest: {_describe(cheapest)}. "
-                f"Fastest: {_describe(fastest)}."]
+                f"Fastest: {_describe(_fastest(dropped))}."]
     if not priced:
         fitting = [o for o in ranked if o.fits]
         if fitting:
@@ -150,13 +192,24 @@ def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
         return ["Nothing fits: see each option's reason; allow memory-saving changes with plan.allow "
                 "(for example --set plan.allow=qlora,adamw-8bit,fsdp)."]
     advice = []
-    cheapest = min(priced, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
+    cheapest = min(priced, key=lambda o: (o.cost.total_usd, o.cost.hours))  # type: ignore[union-attr]
     fastest = _fastest(priced)
-    advice.append("Cheapest: " + _describe(cheapest) + ".")
-    if fastest is not cheapest:
-        extra = fastest.cost.total_usd - cheapest.cost.total_usd  # type: ignore[union-attr]
-        saved = cheapest.cost.hours - fastest.cost.hours  # type: ignore[union-attr]
-        advice.append(f"Fastest: {_describe(fastest)} — {saved:.1f} h sooner for ${extra:,.2f} more.")
+    named = [cheapest, fastest] if optimize == "cost" else [fastest, cheapest]
+    if fastest is cheapest:
+        named = [cheapest]
+    for option in named:
+        if option is cheapest:
+            advice.append("Cheapest: " + _describe(cheapest) + ".")
+        else:
+            extra = fastest.cost.total_usd - cheapest.cost.total_usd  # type: ignore[union-attr]
+            saved = cheapest.cost.hours - fastest.cost.hours  # type: ignore[union-attr]
+            advice.append(f"Fastest: {_describe(fastest)} — {_hours(saved)} sooner for ${extra:,.2f} more.")
+    stale = [f"{o.gpu_count} × {o.gpu} on {o.cost.provider} is from {o.cost.price_as_of}, {o.cost.price_age_days} "
+             "days ago" for o in named if o.cost is not None and o.cost.price_stale]
+    if stale:
+        advice.append(f"Old price{'s' if len(stale) > 1 else ''}: {'; '.join(stale)}. Check the provider's page "
+                      "before you rent (`tunecast offers` marks prices older than "
+                      f"{STALE_AFTER_DAYS} days with *).")
     if cheapest.cost is not None and cheapest.cost.spot:
         advice.append(f"The cheapest run is on spot capacity: it expects {cheapest.cost.expected_preemptions:.1f} "
                       f"preemptions and checkpoints every {cheapest.cost.checkpoint_interval_hours * 60:.0f} min; "
@@ -178,19 +231,18 @@ def recommendations(ranked: list[Option], dropped: list[Option]) -> list[str]:
     return advice
 
 
-FASTEST_WITHIN = 0.05  # runs within 5% of the shortest are as fast: the cheapest of them is named
-
-
 def _fastest(priced: list[Option]) -> Option:
-    """The fastest run worth naming: of those within FASTEST_WITHIN of the shortest time, the cheapest (four
-    times the GPUs for the same hours, start-up bound, is no faster run)."""
-    shortest = min(o.cost.hours for o in priced)  # type: ignore[union-attr]
-    close = [o for o in priced if o.cost.hours <= shortest * (1 + FASTEST_WITHIN)]  # type: ignore[union-attr]
-    return min(close, key=lambda o: o.cost.total_usd)  # type: ignore[union-attr]
+    """The fastest run worth naming: the first of the ranking by time, which is the cheapest of the runs within
+    SAME_TIME_WITHIN of the shortest (four times the GPUs for the same hours, start-up bound, is no faster run)."""
+    return rank(priced, optimize="time")[0]
+
+
+def _hours(hours: float) -> str:
+    return f"{hours:.1f} h" if hours >= 0.95 else f"{hours * 60:.0f} min"
 
 
 def _describe(option: Option) -> str:
     assert option.cost is not None
     capacity = "spot" if option.cost.spot else "on-demand"
     return (f"{option.gpu_count} × {option.gpu} on {option.cost.provider} ({capacity}), "
-            f"${option.cost.total_usd:,.2f} in {option.cost.hours:.1f} h")
+            f"${option.cost.total_usd:,.2f} in {_hours(option.cost.hours)}")

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,32 @@ def chart(name: str, figure: Any, caption: str) -> str:
             f"<figcaption>{escape(caption)}</figcaption>"
             f'<script>(function () {{ var c = {payload}; Plotly.newPlot("{plot_id}", c.data, c.layout, c.config); '
             "})();</script></figure>")
+
+
+def log_ticks(values: Sequence[float], text: Callable[[float], str]) -> dict[str, list[Any]]:
+    """`tickvals` and `ticktext` of a log axis over `values` (all > 0) that say their value whole ("0.3 h", where
+    Plotly's own ticks between decades are a bare "3"): 1, 2, 3 and 5 of each decade when the values span less than
+    one, 1, 2 and 5 up to four, only the powers of ten past that (the page's charts do the same, app.js logTicks)."""
+    low, high = min(values), max(values)
+    first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+    span = math.log10(high / low)
+    steps = (1,) if span > 4 else (1, 2, 5) if span > 1 else (1, 2, 3, 5)
+    ticks: dict[str, list[Any]] = {"tickvals": [], "ticktext": []}
+    for power in range(first, last + 1):
+        for step in steps:
+            value = float(f"{step * 10.0**power:.1g}")
+            if low / 1.5 <= value <= high * 1.5:
+                ticks["tickvals"].append(value)
+                ticks["ticktext"].append(text(value))
+    return ticks
+
+
+def hours_tick(value: float) -> str:
+    return f"{value:g} h" if value < 1 else f"{value:,.0f} h"
+
+
+def usd_tick(value: float) -> str:
+    return f"${value:g}" if value < 1 else f"${value:,.0f}"
 
 
 def _plain(value: Any) -> Any:

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunecast.catalog.offers import STALE_AFTER_DAYS
 from tunecast.catalog.store import Catalog
-from tunecast.plan.planner import gpus_text
-from tunecast.report.html import chart, facts, link, page, paragraph, section, table
+from tunecast.plan.planner import SAME_TIME_WITHIN, gpus_text
+from tunecast.report.html import chart, facts, hours_tick, link, log_ticks, page, paragraph, section, table, usd_tick
 
 HOURS_PER_MONTH = 200.0  # `tunecast breakeven`'s default
 MONTHS = 36
@@ -30,7 +31,7 @@ def plan_report(document: dict[str, Any], catalog: Catalog) -> str:
     spec, data = document["spec"], document["dataset"]
     title = f"Plan: {document['model']['name']} · {spec['method']} · {spec['precision']}"
     subtitle = (f"{data['processed_tokens']:,} tokens processed ({data['trained_tokens']:,} trained) over "
-                f"{data['epochs']:g} epoch(s), global batch {document['global_batch']} × {spec['seq_len']}; "
+                f"{data['length']}, global batch {document['global_batch']} × {spec['seq_len']}; "
                 f"{len(priced)} priced options, ranked by "
                 + ("total cost" if document["optimize"] == "cost" else "hours"))
     sections = [
@@ -53,6 +54,10 @@ def _cost_time(priced: list[dict[str, Any]]) -> str:
 
     if not priced:
         return paragraph("No option is priced: nothing to draw.", muted=True)
+    free = [o for o in priced if not o["total_usd"] > 0]
+    if len(free) == len(priced):
+        return paragraph("No cost to chart: every priced option costs $0 (a price of $0 per hour); their hours are in "
+                         "the table of ranked options.", muted=True)
     figure = go.Figure()
     for spot, symbol, name in ((False, "circle", "on-demand"), (True, "diamond", "spot")):
         chosen = [o for o in priced if o["spot"] == spot]
@@ -71,10 +76,17 @@ def _cost_time(priced: list[dict[str, Any]]) -> str:
         x=[best["hours"]], y=[best["total_usd"]], mode="markers+text", name="recommended",
         marker={"symbol": "star", "size": 18, "color": "#000000"}, text=["recommended"],
         textposition="top right", hovertemplate=f"{_label(best)}<br>%{{x:.2f}} h · $%{{y:,.2f}}<extra></extra>"))
-    figure.update_layout(xaxis_title="hours (wall clock)", yaxis_title="whole run, USD", xaxis_type="log",
-                         yaxis_type="log", legend={"orientation": "h", "y": -0.2})
-    return chart("cost-vs-time", figure, "Every priced option: hours against the cost of the whole run (log scales). "
-                 "The Pareto front joins the options nothing beats on both; the star is the first-ranked option.")
+    # a run that costs $0 has no place on a log scale: then the cost axis is linear, from $0
+    cost_axis = ({"rangemode": "tozero", "tickprefix": "$"} if free else
+                 {"type": "log", **log_ticks([o["total_usd"] for o in priced], usd_tick)})
+    figure.update_layout(xaxis={"title": {"text": "hours (wall clock)"}, "type": "log",
+                                **log_ticks([o["hours"] for o in priced], hours_tick)},
+                         yaxis={"title": {"text": "whole run, USD"}, **cost_axis},
+                         legend={"orientation": "h", "y": -0.2})
+    scales = "a log scale of hours, cost from $0" if free else "log scales"
+    return chart("cost-vs-time", figure, f"Every priced option: hours against the cost of the whole run ({scales}). "
+                 f"The Pareto front joins the options nothing beats on both (hours within {SAME_TIME_WITHIN:.0%} "
+                 "count as equal); the star is the first-ranked option.")
 
 
 def _memory(options: list[dict[str, Any]]) -> str:
@@ -120,14 +132,19 @@ def _options_table(priced: list[dict[str, Any]]) -> str:
     for rank, o in enumerate(priced[:TABLE_ROWS], start=1):
         rows.append([str(rank), gpus_text(o), o["provider"],
                      "spot" if o["spot"] else "on-demand",
-                     (f"${o['usd_per_hour_total']:,.2f}", o["usd_per_hour_total"]),
+                     (f"${o['usd_per_hour_total']:,.2f}" + ("*" if o.get("price_stale") else ""),
+                      o["usd_per_hour_total"]),
                      f"{o['micro_batch']}×{o['grad_accum']}", "yes" if o["grad_checkpointing"] else "",
                      (f"{o['device_total_gib']:.1f}", o["device_total_gib"]),
                      (f"{o['tokens_per_second']:,.0f}", o["tokens_per_second"]), (f"{o['hours']:.2f}", o["hours"]),
                      (f"${o['total_usd']:,.2f}", o["total_usd"]), "★" if o["pareto"] else "", o["launcher"] or ""])
     more = f" The first {TABLE_ROWS} of {len(priced)}; `tunecast plan --json` lists all." if len(priced) > TABLE_ROWS \
         else ""
-    return table(columns, rows, highlight=[0], name="options") + paragraph(
+    stale = sorted(o["price_as_of"] for o in priced[:TABLE_ROWS] if o.get("price_stale"))
+    warning = paragraph(f"* {len(stale)} of these prices are older than {STALE_AFTER_DAYS} days (the oldest from "
+                        f"{stale[0]}): they may have moved; check the provider before you rent. `tunecast offers` "
+                        "lists every price's date and source.") if stale else ""
+    return table(columns, rows, highlight=[0], name="options") + warning + paragraph(
         "Click a column head to sort." + more, muted=True)
 
 
@@ -136,7 +153,8 @@ def _rent_or_buy(priced: list[dict[str, Any]], catalog: Catalog) -> str:
 
     from tunecast.plan.breakeven import break_even
 
-    single = [o for o in priced if o["gpu_count"] == 1 and not o["spot"]]
+    # (a card rented for nothing, a local one without a price, is never worth buying instead)
+    single = [o for o in priced if o["gpu_count"] == 1 and not o["spot"] and o["usd_per_hour_total"] > 0]
     buyable = [o for o in single if (gpu := catalog.gpus.find(o["gpu"])) is not None and gpu.purchase_usd]
     if not buyable:
         return paragraph("No one-GPU on-demand option is on a card the catalog has a purchase price for.", muted=True)
@@ -170,7 +188,10 @@ def _rent_or_buy(priced: list[dict[str, Any]], catalog: Catalog) -> str:
 
 
 def _assumptions(document: dict[str, Any], priced: list[dict[str, Any]], catalog: Catalog) -> str:
+    from tunecast.catalog.store import today
+
     data = document["dataset"]
+    on = today()
     def shown_value(value: Any) -> str:
         if isinstance(value, bool):
             return "yes" if value else "no"
@@ -193,7 +214,9 @@ def _assumptions(document: dict[str, Any], priced: list[dict[str, Any]], catalog
                 rows.append([provider, slug, offer.instance_type, str(offer.gpu_count),
                              (f"${offer.usd_per_hour:,.3f}", offer.usd_per_hour),
                              (f"${offer.spot_usd_per_hour:,.3f}" if offer.spot_usd_per_hour else "—",
-                              offer.spot_usd_per_hour or 0), offer.as_of.isoformat(), link(source, source)])
+                              offer.spot_usd_per_hour or 0),
+                             offer.as_of.isoformat() + (f"* ({offer.age_days(on)} days)" if offer.is_stale(on) else ""),
+                             link(source, source)])
     offers = table([("provider", False), ("GPU", False), ("instance", False), ("GPUs/node", True),
                     ("$/GPU-h", True), ("spot $/GPU-h", True), ("as of", False), ("source", False)], rows,
                    name="sources")

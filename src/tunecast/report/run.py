@@ -242,6 +242,13 @@ def _cost(records: RunRecords, predicted: dict[str, Any] | None) -> str:
 
     if not records.train:
         return _empty("cost", "No step has run yet.")
+    spent = [r.get("cost_usd") or 0.0 for r in records.train] + [r.get("projected_cost_usd") or 0.0
+                                                                  for r in records.train]
+    if not any(spent) and (predicted is None or not predicted.get("total_usd")):
+        # a flat line at $0 on an axis from −1 to 1 says nothing a sentence does not say better
+        return _empty("cost", "No cost to chart: the run had no price, so everything shows $0. Give it one with "
+                              "pricing.usd_per_hour (or --usd-per-hour) for a local GPU, or run on a GPU the catalog "
+                              "has offers for.")
     hours = [r["elapsed_s"] / 3600 for r in records.train]
     figure = go.Figure()
     figure.add_trace(go.Scatter(x=hours, y=[r["cost_usd"] for r in records.train], name="spent", mode="lines",
@@ -253,7 +260,8 @@ def _cost(records: RunRecords, predicted: dict[str, Any] | None) -> str:
     if predicted is not None and predicted.get("total_usd") is not None:
         figure.add_hline(y=predicted["total_usd"], line_dash="dot", line_color="#D55E00",
                          annotation_text=f"plan: ${predicted['total_usd']:,.2f}")
-    figure.update_layout(xaxis_title="training time, hours", yaxis_title="USD", legend={"orientation": "h", "y": -0.2})
+    figure.update_layout(xaxis_title="training time, hours", yaxis_title="USD", yaxis_rangemode="tozero",
+                         legend={"orientation": "h", "y": -0.2})
     return chart("cost", figure, "What the run has cost so far at its price, the projection at the end from the "
                  "current step time" + (", and the plan's total." if predicted else "."))
 

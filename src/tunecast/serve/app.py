@@ -3,8 +3,13 @@
 Every answer is a JSON document with `schema_version`, the one the CLI's `--json` prints for the same input. Errors
 are documents too: a user error (a bad config or override, an unknown model or GPU) is 400 with the CLI's `--json`
 error document, `{"error": {"message", "field", "hint", "problems"?}}`; a body that does not match the request
-schema is 422 in the same shape; a route or method that does not exist is 404 or 405 in the same shape; anything else
-is a bug in tunecast, 500, still `{"error": …}`.
+schema is 422 in the same shape; a route or method that does not exist is 404 or 405 in the same shape; a body over
+the size the route takes is 413, a request that ran longer than the server allows one is 503, both in the same shape;
+anything else is a bug in tunecast, 500, still `{"error": …}`.
+
+No request holds up another: estimates run in the worker's threads (serve/jobs.py), each stopped when its client
+leaves or its time runs out; the catalog, the model search and health are answered on the event loop from what the
+server keeps, without waiting for a thread.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tunecast.catalog.store import Catalog, load_catalog
 from tunecast.config.messages import dotted
@@ -29,18 +34,31 @@ from tunecast.errors import Problem, TunecastError, error_document
 from tunecast.estimate import replays
 from tunecast.paths import default_user_catalog_dir
 from tunecast.report.html import SORTABLE_JS
-from tunecast.serve.bodies import BreakevenBody, DataBody, MemoryBody, ModelBody, PlanBody, RunBody
-from tunecast.serve.jobs import Job, Worker, encoded, internal_error
+from tunecast.serve.bodies import BreakevenBody, DataBody, ExportBody, MemoryBody, ModelBody, PlanBody
+from tunecast.serve.jobs import Job, Worker, encoded, internal_error, status_of
 from tunecast.serve.service import Answer, Service
 from tunecast.version import __version__, stamped
 
 STATIC = Path(__file__).resolve().parent / "static"
 LOG = logging.getLogger("tunecast.serve")
+# A run config, its overrides and a model's config.json are kilobytes (the largest catalog config is 30 kB): a
+# megabyte is room for all of them, and a body a hundred times larger (100,000 override keys cost 45 s of CPU to
+# check) is refused before anything reads it.
+BODY_BYTES = 1_000_000
+# A dataset sample (/api/data) carries examples: the page sends at most this much of a file, cut at a line, and the
+# lengths of the first tens of thousands of examples say what the whole file's do.
+SAMPLE_BYTES = 16_000_000
+LARGER_BODIES = {"/api/data": SAMPLE_BYTES}
+# The longest one request may run. A cold trace of a 70B model's settings on a laptop CPU takes minutes; what takes
+# longer than this is work for `tunecast plan` on the command line, not for a page waiting on an answer.
+REQUEST_SECONDS = 600.0
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "A user error, as `--json` reports it: {\"error\": {\"message\", \"field\", \"hint\", "
                          "\"problems\"?}}"},
     422: {"description": "The body does not match the request schema: {\"error\": {…}} as for 400"},
+    413: {"description": "The body is larger than the route takes: {\"error\": {…}} as for 400"},
     500: {"description": "A bug in tunecast: {\"error\": {…}}"},
+    503: {"description": "The request ran longer than the server allows one, and was stopped: {\"error\": {…}}"},
 }
 STREAM: dict[int | str, dict[str, Any]] = {
     200: {"description": "application/x-ndjson: {\"event\": \"progress\", \"message\", \"kind\"} lines, then "
@@ -81,15 +99,17 @@ def _schema_problems(error: RequestValidationError) -> list[Problem]:
 
 
 def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = None,
-               allowed_hosts: list[str] | None = None, threads: int = 4) -> FastAPI:
+               allowed_hosts: list[str] | None = None, threads: int = 4,
+               timeout_s: float | None = REQUEST_SECONDS) -> FastAPI:
     """The application: the catalog of `catalog_dir` (default: the user catalog, as the CLI's `--catalog`), or
     `catalog` itself, loaded once. With `allowed_hosts`, requests naming another host are refused (a server on
-    loopback answers no page that a DNS-rebinding site points at it)."""
+    loopback answers no page that a DNS-rebinding site points at it). `timeout_s`: the longest one request may run
+    (None: no limit)."""
+    directory = (catalog_dir if catalog_dir is not None else default_user_catalog_dir()).expanduser().resolve()
     if catalog is None:
-        directory = catalog_dir if catalog_dir is not None else default_user_catalog_dir()
-        catalog = load_catalog(directory.expanduser().resolve())
-    service = Service(catalog)
-    worker = Worker(threads)
+        catalog = load_catalog(directory)
+    service = Service(catalog, directory)
+    worker = Worker(threads, timeout_s=timeout_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -105,13 +125,14 @@ def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = Non
                               "`data` and `breakeven --json`, for the web planner.")
     app.state.service = service
     app.state.worker = worker
-    if allowed_hosts is not None:
+    app.add_middleware(BodyLimit, limit=BODY_BYTES, larger=LARGER_BODIES)
+    if allowed_hosts is not None:  # added last, so checked first
         app.add_middleware(KnownHosts, hosts=frozenset(h.lower() for h in allowed_hosts))
 
     @app.exception_handler(TunecastError)
     async def user_error(_: Request, error: Exception) -> Response:
         assert isinstance(error, TunecastError)
-        return document(stamped(error_document(error)), 400)
+        return document(stamped(error_document(error)), status_of(error))
 
     @app.exception_handler(RequestValidationError)
     async def schema_error(request: Request, error: Exception) -> Response:
@@ -161,19 +182,26 @@ def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = Non
 
     # The API
 
-    @app.get("/api/health", summary="The server is up: its version and its catalog's")
+    @app.get("/api/health", summary="The server is up: its version, its catalog's, and its limits")
     async def health() -> Response:
-        return document(service.health())
+        return document({**service.health(), "limits": {"body_bytes": BODY_BYTES, "sample_bytes": SAMPLE_BYTES,
+                                                        "request_seconds": timeout_s}})
 
     @app.get("/api/catalog", summary="Models and GPUs as `tunecast models --json` and `gpus --json` list them; "
                                      "the offers' providers", responses=ERRORS)
     async def catalog_rows() -> Response:
-        return await answered(lambda _: service.catalog_answer())
+        return document(service.catalog_answer())  # kept once made: answered here, never behind an estimate
 
-    @app.post("/api/models", summary="Keep a dropped config.json; the answer's `model` goes in `model:`",
-              responses=ERRORS)
+    @app.get("/api/models", summary="`tunecast models --search TEXT --json`: catalog models matching what a person "
+                                    "types (any case; spaces, dashes and dots alike; with or without the vendor)",
+             responses=ERRORS)
+    async def search_models(search: str = "", limit: int = 20) -> Response:
+        return document(service.search_models(search, limit))
+
+    @app.post("/api/models", summary="Add a dropped config.json to the catalog, as `tunecast models add` does; the "
+                                     "answer's `model` goes in `model:`", responses=ERRORS)
     async def add_model(body: ModelBody) -> Response:
-        return await answered(lambda _: Answer.of(service.add_model(body.config_json, body.name)))
+        return await answered(lambda _: Answer.of(service.add_model(body.config_json, body.name, body.file_name)))
 
     @app.post("/api/plan", summary="`tunecast plan --json` of the run", responses=ERRORS)
     async def plan(body: PlanBody) -> Response:
@@ -204,10 +232,63 @@ def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = Non
 
     @app.post("/api/export", summary="The run as a YAML file that `tunecast plan FILE` plans identically",
               responses=ERRORS)
-    async def export(body: RunBody) -> Response:
-        return await answered(lambda _: service.export(body.run()))
+    async def export(body: ExportBody) -> Response:
+        return await answered(lambda _: service.export(body.run(), body.options.model_dump()))
 
     return app
+
+
+class BodyLimit:
+    """Refuses a request body over `limit` bytes (`larger` for the paths that take more) with a JSON 413, before the
+    application parses it: by its Content-Length when it says, else as it arrives. A body within the limit is handed
+    on whole."""
+
+    def __init__(self, app: ASGIApp, limit: int, larger: dict[str, int]) -> None:
+        self.app = app
+        self.limit = limit
+        self.larger = larger
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.larger.get(scope["path"], self.limit)
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await self._refuse(scope, receive, send, int(declared), limit)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await self._refuse(scope, receive, send, size, limit)
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        handed = False
+
+        async def replayed() -> Message:
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the client leaving (a stream's cancel)
+
+        await self.app(scope, replayed, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, size: int, limit: int) -> None:
+        refused = _error(413, f"the request body is over the {limit:,} bytes that {scope['method']} {scope['path']} "
+                              f"takes ({size:,} or more)", "send a smaller body: a run config and its overrides are "
+                              "a few kilobytes, a model's config.json tens; a dataset sample is cut at a line",
+                         field="body")
+        await refused(scope, receive, send)
 
 
 class KnownHosts:

@@ -10,6 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tunecast.serve.service import RunRequest
 
+# More keys than anyone sets: a RunSpec has fewer than a hundred; past this, an override list is a mistake or an
+# attack (each unknown key costs a search for close matches: 100,000 of them took 45 s of CPU).
+MAX_OVERRIDES = 256
+
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -21,8 +25,9 @@ class RunBody(_Body):
     config: str = Field("", description="A RunSpec as YAML text, what `tunecast plan FILE` reads; empty for none "
                                         "(the overrides alone, as flags without a file).",
                         examples=["model: meta-llama/Llama-3.1-8B\nmethod: lora\nseq_len: 2048\n"])
-    overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted keys and their values, set over the "
-                                      "config as `--set KEY=VALUE` does.",
+    overrides: dict[str, Any] = Field(default_factory=dict, max_length=MAX_OVERRIDES,
+                                      description="Dotted keys and their values, set over the config as `--set "
+                                                  f"KEY=VALUE` does; at most {MAX_OVERRIDES}.",
                                       examples=[{"seq_len": 4096, "pricing.spot": False}])
 
     def run(self) -> RunRequest:
@@ -32,14 +37,23 @@ class RunBody(_Body):
 class PlanOptions(_Body):
     """`tunecast plan`'s options beside the run."""
 
-    optimize: str = Field("cost", description="Rank by total `cost` or by `time` (--optimize).")
-    budget_usd: float | None = Field(None, description="Only runs costing at most this (--budget).")
-    deadline_hours: float | None = Field(None, description="Only runs done within this (--deadline).")
+    optimize: str | None = Field(None, description="Rank by total `cost` or by `time` (--optimize); default: the "
+                                                   "run's plan.optimize.")
+    budget_usd: float | None = Field(None, description="Only runs costing at most this (--budget); default: the run's "
+                                                       "plan.budget_usd.")
+    deadline_hours: float | None = Field(None, description="Only runs done within this (--deadline); default: the "
+                                                           "run's plan.deadline_hours.")
     preemptions_per_hour: float | None = Field(None, description="Spot preemption rate to assume for every offer "
                                                                  "(--preemptions-per-hour).")
 
 
 class PlanBody(RunBody):
+    options: PlanOptions = Field(default_factory=PlanOptions)
+
+
+class ExportBody(RunBody):
+    """A run to export, with the plan options to write in its `plan:` section (the rest of them are no run's)."""
+
     options: PlanOptions = Field(default_factory=PlanOptions)
 
 
@@ -89,5 +103,8 @@ class ModelBody(_Body):
     """A model's config.json, dropped on the page."""
 
     config_json: dict[str, Any] = Field(description="The Hugging Face config.json's contents.")
-    name: str | None = Field(None, max_length=200, description="The name plans show for it (default: its "
-                                                               "model_type).")
+    name: str | None = Field(None, max_length=200, description="The name to list it under, `org/name` (default: "
+                                                               "its `_name_or_path`, else its architecture, else "
+                                                               "the file's name).")
+    file_name: str | None = Field(None, max_length=255, description="The dropped file's name, the last source of a "
+                                                                    "name (`config.json` says nothing).")

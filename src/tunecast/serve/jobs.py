@@ -1,16 +1,19 @@
-"""A request's work in a worker thread: what the estimate says on the way, and stopping it when its client leaves.
+"""A request's work in a worker thread: what the estimate says on the way, and stopping it when its client leaves or
+its time runs out.
 
 Estimates run in threads of the server's own pool, never on the event loop, so that a cold trace (seconds to minutes)
-keeps no other request waiting for an answer the loop could give. Each job runs in a copy of its request's context,
-with its own listener (`tunecast.estimate.progress` keeps the listener in a ContextVar): two requests' progress never
-mix. A streaming request relays what the estimate says as it says it.
+keeps no other request waiting for an answer the loop could give (the catalog, the model search, health). Each job
+runs in a copy of its request's context, with its own listener (`tunecast.estimate.progress` keeps the listener in a
+ContextVar): two requests' progress never mix. A streaming request relays what the estimate says as it says it.
 
 Cancelling is cooperative. When the client of a streaming request goes away (the page's AbortController closes the
-connection), the job is marked cancelled, and the estimate stops at its next progress point: the listener raises
-`Cancelled` there. Progress points are each trace of a cold estimate (or of a step template being built) and each GPU
-of a plan; a trace under way finishes first, so a cancelled cold estimate stops within one trace (about a second for a
-small model, up to a minute for a large one on a laptop CPU), a warm plan within one GPU's options. A job waiting for
-another's estimate (one runs at a time) stops waiting at once.
+connection), or the job has run longer than the server allows one request (`Worker(timeout_s=…)`: the request is
+answered 503 at once), the job is marked cancelled, and the estimate stops at its next check: the listener raises
+`Cancelled` there. The checks are each trace of a cold estimate (or of a step template being built), each GPU of a
+plan and each memory estimate within it (`Planner.check`), and every 10,000 examples of a sample; a trace under way
+finishes first, so a cancelled cold estimate stops within one trace (about a second for a small model, up to a minute
+for a large one on a laptop CPU), a warm plan within one estimate (milliseconds). A job waiting for another's estimate
+(one runs at a time) stops waiting at once. So a job nobody waits for any more gives the CPU back.
 """
 
 from __future__ import annotations
@@ -33,8 +36,22 @@ LOG = logging.getLogger("tunecast.serve")
 
 
 class Cancelled(BaseException):
-    """The request's client went away. Raised in the job's thread at the next progress point; a BaseException so
-    that no `except Exception` on the way (a failed marker trace is caught as one) takes it for a failure."""
+    """The request's client went away, or its time ran out. Raised in the job's thread at the next progress point; a
+    BaseException so that no `except Exception` on the way (a failed marker trace is caught as one) takes it for a
+    failure."""
+
+
+class TookTooLong(TunecastError):
+    """A request ran longer than the server allows one (answered 503: the server is fine, this answer is not
+    coming)."""
+
+    status = 503
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"this request took longer than the {seconds:g} s the server allows one, and was stopped",
+                         field=None, hint="ask for less (one GPU with gpus.gpu, fewer options), or start the server "
+                                          "with a longer `tunecast serve --timeout SECONDS`; `tunecast plan` on the "
+                                          "command line has no limit")
 
 
 @dataclass
@@ -74,10 +91,12 @@ def encoded(document: dict[str, Any]) -> bytes:
 
 class Worker:
     """The server's threads for estimates: started on the first job, stopped when the application shuts down (and
-    started again if it serves once more, as a test client's application does)."""
+    started again if it serves once more, as a test client's application does). `timeout_s`: the longest one job
+    may run (None: no limit)."""
 
-    def __init__(self, threads: int = 4) -> None:
+    def __init__(self, threads: int = 4, *, timeout_s: float | None = None) -> None:
         self._threads = threads
+        self.timeout_s = timeout_s
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -95,13 +114,20 @@ class Worker:
 
     async def run(self, work: Callable[[Job], T], job: Job | None = None) -> T:
         """`work(job)` in a worker thread, in a copy of this context, with the job's listener; its result or its
-        exception. When the awaiting request is cancelled, so is the job."""
+        exception; TookTooLong once it has run `timeout_s`. When the awaiting request is cancelled or times out, so
+        is the job."""
         job = job if job is not None else Job()
         context = contextvars.copy_context()
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._started(), context.run, _listened, work, job)
+        # what a job left behind ends as it ends (Cancelled at its next check): retrieved, so that it is not logged
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
-            return await future
+            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except asyncio.TimeoutError:
+            job.cancelled.set()
+            assert self.timeout_s is not None
+            raise TookTooLong(self.timeout_s) from None
         except asyncio.CancelledError:
             job.cancelled.set()
             raise
@@ -139,6 +165,7 @@ class Worker:
 
 
 def _listened(work: Callable[[Job], T], job: Job) -> T:
+    job.check()  # its client left, or its time ran out, while it waited for a thread
     with listening(job.hear):
         return work(job)
 
@@ -148,6 +175,11 @@ def _outcome(task: asyncio.Future[bytes]) -> bytes:
     if error is None:
         return b'{"event":"result","document":' + task.result() + b"}\n"
     if isinstance(error, TunecastError):
-        return encoded({"event": "error", "status": 400, "error": error_document(error)["error"]}) + b"\n"
+        return encoded({"event": "error", "status": status_of(error), "error": error_document(error)["error"]}) + b"\n"
     LOG.error("internal error in a streamed request", exc_info=error)
     return encoded({"event": "error", "status": 500, "error": internal_error(error)["error"]}) + b"\n"
+
+
+def status_of(error: TunecastError) -> int:
+    """The HTTP status of a user error: 400, or 503 for a request that ran out of time."""
+    return TookTooLong.status if isinstance(error, TookTooLong) else 400

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec, Override, imported_part, load_spec_text, merged_document, overrides_from
+from tunecast.errors import TunecastError
 from tunecast.plan.planner import Estimates
 from tunecast.serve.jobs import Job, encoded
 from tunecast.version import __version__, stamped
@@ -88,14 +89,17 @@ class RunRequest:
 
 
 class Service:
-    """The answers of one server: its catalog, what it keeps between requests, and the lock estimates run under."""
+    """The answers of one server: its catalog (and the user catalog directory a dropped model is added to), what it
+    keeps between requests, and the lock estimates run under."""
 
-    def __init__(self, catalog: Catalog) -> None:
+    def __init__(self, catalog: Catalog, catalog_dir: Path | None = None) -> None:
         self.catalog = catalog
+        self.catalog_dir = catalog_dir
         self.answers: Lru[str, Answer] = Lru(ANSWERS_KEPT)
         self._estimates: Lru[str, Estimates] = Lru(MODELS_KEPT)
         self._estimating = threading.Lock()
         self._catalog_answer: Answer | None = None
+        self._models: list[dict[str, Any]] | None = None
 
     # Reading a request's run
 
@@ -158,14 +162,33 @@ class Service:
 
     def catalog_answer(self) -> Answer:
         """The catalog's models and GPUs as `tunecast models --json` and `tunecast gpus --json` list them, and the
-        offers' providers (made once: the catalog does not change while the server runs)."""
-        from tunecast.catalog.listing import listed_gpus, model_documents, provider_documents
+        offers' providers (made once; again only when a dropped model joins the catalog)."""
+        from tunecast.catalog.listing import listed_gpus, provider_documents
 
-        if self._catalog_answer is None:
-            self._catalog_answer = Answer.of({"models": stamped(model_documents(self.catalog)),
-                                              "gpus": stamped([g.document() for g in listed_gpus(self.catalog)]),
-                                              "providers": provider_documents(self.catalog)})
-        return self._catalog_answer
+        answer = self._catalog_answer
+        if answer is None:
+            answer = Answer.of({"models": stamped(self._model_documents()),
+                                "gpus": stamped([g.document() for g in listed_gpus(self.catalog)]),
+                                "providers": provider_documents(self.catalog)})
+            self._catalog_answer = answer
+        return answer
+
+    def _model_documents(self) -> list[dict[str, Any]]:
+        from tunecast.catalog.listing import model_documents
+
+        documents = self._models
+        if documents is None:
+            documents = self._models = model_documents(self.catalog)
+        return documents
+
+    def search_models(self, text: str, limit: int) -> dict[str, Any]:
+        """`tunecast models --search TEXT --json`, the first `limit` (the best first), from the documents kept."""
+        from tunecast.catalog.models import search_names
+
+        documents = {d["name"]: d for d in self._model_documents()}
+        found = search_names(list(documents), text)
+        return stamped({"search": text, "count": len(found),
+                        "models": [documents[name] for name in found[:max(0, limit)]]})
 
     def plan(self, run: RunRequest, options: dict[str, Any], job: Job) -> Answer:
         """`tunecast plan --json` of the run, with `--optimize`, `--budget`, `--deadline` and
@@ -175,12 +198,12 @@ class Service:
 
         loaded = self.load(run)
         request = PlanRequest(options["optimize"], options["budget_usd"], options["deadline_hours"],
-                              options["preemptions_per_hour"])
+                              options["preemptions_per_hour"]).over(loaded.spec)
 
         def make() -> dict[str, Any]:
             document = make_plan(loaded, self.catalog, request, today=store.today(),
                                  progress=lambda gpu: job.hear("progress", f"planning {gpu}"),
-                                 estimates=self._model_estimates(loaded), cache=False)
+                                 estimates=self._model_estimates(loaded), cache=False, check=job.check)
             return {**document, **imported_part(loaded)}
 
         return self._answer(self._key("plan", loaded, request.__dict__), job, make)
@@ -237,13 +260,20 @@ class Service:
             answer = answer_break_even(self.catalog, given, run=loader, today=store.today())
         return Answer.of(answer.as_dict())
 
-    def export(self, run: RunRequest) -> Answer:
-        """A RunSpec YAML that `tunecast plan FILE` reads as this request's run: the config as sent with the
-        overrides set in it, paths written as the server resolved them (absolute)."""
+    def export(self, run: RunRequest, options: dict[str, Any] | None = None) -> Answer:
+        """A RunSpec YAML that `tunecast plan FILE` plans as this request's run: the config as sent with the
+        overrides set in it, the plan's ranking, budget and deadline (`options`, as /api/plan takes them) in its
+        `plan:` section, paths written as the server resolved them (absolute)."""
         import yaml
 
         loaded = self.load(run)
         document = merged_document(run.config, overrides_from(run.overrides))
+        chosen = {key: value for key, value in (options or {}).items()
+                  if key in ("optimize", "budget_usd", "deadline_hours") and value is not None}
+        if chosen:
+            section = document.get("plan")
+            document["plan"] = {**(section if isinstance(section, dict) else {}), **chosen}
+            self.load(RunRequest(yaml.safe_dump(document), {}))  # what is written is a run `plan` reads
         if loaded.model.origin in ("file", "directory"):
             model_path = loaded.model.path if loaded.model.origin == "file" else loaded.model.path.parent
             document["model"] = str(model_path)
@@ -258,12 +288,44 @@ class Service:
                 + yaml.safe_dump(document, sort_keys=False, allow_unicode=True))
         return Answer.of({"yaml": text})
 
-    def add_model(self, config_json: dict[str, Any], name: str | None) -> dict[str, Any]:
-        """Keep a dropped config.json where `model:` can point at it; checked as `--model FILE` reads it."""
-        from tunecast.catalog.resolve import resolve_model
-        from tunecast.serve.uploads import store_model_config
+    def add_model(self, config_json: dict[str, Any], name: str | None, file_name: str | None) -> dict[str, Any]:
+        """Add a dropped config.json to the user's catalog as `tunecast models add` does, under the name it says
+        (`dropped_model_name`) and with its exact parameter count, so that `model:` names it: here, in a link and in
+        an exported config alike. The same config dropped again is the same model, and so is a catalog model's own
+        config; another config under a name already taken gets that name with its digest."""
+        from tunecast.catalog.models import ModelIndex
+        from tunecast.catalog.user import add_model
+        from tunecast.estimate.shape import build_meta_model, count_parameters
+        from tunecast.serve.uploads import checked_model_config, dropped_model_name, model_digest, same_model
 
-        path = store_model_config(config_json, name)
-        resolve_model(str(path), self.catalog, field="config_json")
-        return stamped({"model": str(path)})
+        config = checked_model_config(config_json)
+        wanted = dropped_model_name(config, name, file_name)
+        taken = wanted
+        for candidate in (wanted, f"{wanted}-{model_digest(config)[:8]}"):
+            known = self.catalog.models.find(candidate)
+            if known is not None and same_model(known.data, config):
+                return stamped({"model": known.name, "added": False, **self._model_document(known.name)})
+            taken = candidate
+            if known is None:
+                break
+        try:
+            params = count_parameters(build_meta_model(config, name=taken))
+        except TunecastError as error:
+            raise TunecastError(error.message, field="config_json", hint=error.hint) from None
+        except Exception as error:  # the config is the user's: what transformers makes of it is about the config
+            raise TunecastError(f"transformers cannot build a model from this config.json: {type(error).__name__}: "
+                                f"{error}", field="config_json", hint="drop the config.json of a causal language "
+                                "model that transformers builds (AutoModelForCausalLM)") from None
+        entry, path = add_model(config, name=taken, params=params, user_dir=self.catalog_dir,
+                                source=f"dropped on the web planner (tunecast serve) as {file_name or 'config.json'}")
+        # the server's catalog gains the model as the user catalog on disk did (the rest stays as the server loaded it)
+        models = self.catalog.models
+        entries = {known: (models.entry(known), models.config_path(known)) for known in models.names}
+        self.catalog = replace(self.catalog, models=ModelIndex({**entries, entry.name: (entry, path)}))
+        self._models = None
+        self._catalog_answer = None
+        return stamped({"model": taken, "added": True, **self._model_document(taken)})
 
+    def _model_document(self, name: str) -> dict[str, Any]:
+        """The model's row as `tunecast models --json` lists it: its shape, exact parameter count and source."""
+        return next(d for d in self._model_documents() if d["name"] == name)

@@ -1,5 +1,5 @@
 """What the page hands the server as files: a sample of a dataset, counted as `tunecast data` counts a file, and a
-model's config.json, kept where `model:` can point at it."""
+model's config.json, named as it names itself (added to the catalog by the service)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tunecast.atomic import write_text_atomic
 from tunecast.errors import ConfigError, Problem, TunecastError
-from tunecast.paths import cache_dir
 
 # The text formats `tunecast data` reads (data/readers.py); a compressed or Parquet file is no text to send.
 SAMPLE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv")
-MODELS_DIR = ("serve", "models")  # under the cache directory: <digest>/<name>.json
 _UNSAFE = re.compile(r"[^\w.-]+")
 _LONGEST_NAME = 100
 
@@ -62,19 +59,86 @@ def renamed(error: TunecastError, old: str, new: str) -> TunecastError:
     return TunecastError(text(error.message) or "", field=error.field, hint=text(error.hint))
 
 
-def store_model_config(config: dict[str, Any], name: str | None) -> Path:
-    """Keep a dropped config.json under the cache directory, named by its content (the same config is kept once),
-    as `<name>.json` so that plans name the model `name`; the path is what `model:` takes."""
+# Decoder layers times experts of the largest model a dropped config may describe. Its parameters are counted on the
+# meta device a module at a time, which nothing can interrupt: Qwen3-235B-A22B (94 layers × 128 experts) takes 12 s
+# on two busy cores (docs/serve.md), so this bound is about half a minute, and a config of a million layers would hold
+# a server thread for hours.
+MAX_MODULES = 32_768
+_EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def checked_model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A dropped config.json, if it is a Hugging Face model config (it names its model_type) of a size a model
+    has."""
+    from tunecast.estimate.shape import num_layers, text_config_data
+
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():
         raise ConfigError("config_json", [Problem(
             "config_json.model_type", "is missing, so this is not a Hugging Face model config",
             "drop the model's config.json (the file beside its weights, with model_type, hidden_size, …)")])
-    stem = _UNSAFE.sub("_", (name or "").replace("/", "__"))[:_LONGEST_NAME].strip("._") or \
-        _UNSAFE.sub("_", model_type)[:_LONGEST_NAME].strip("._") or "model"
-    text = json.dumps(config, indent=2, sort_keys=True)  # ASCII: any text a request held is kept as escapes
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = cache_dir().joinpath(*MODELS_DIR, digest, f"{stem}.json")
-    if not path.is_file():
-        write_text_atomic(path, text)
-    return path
+    try:
+        layers = num_layers(config)
+    except TunecastError as error:
+        raise TunecastError(error.message, field="config_json", hint=error.hint) from None
+    text = text_config_data(config)
+    experts = max([1] + [value for key in _EXPERT_KEYS if isinstance(value := text.get(key), int)
+                         and not isinstance(value, bool)])
+    if layers * experts > MAX_MODULES:
+        raise TunecastError(f"the config describes {layers:,} layers × {experts:,} experts: more than the "
+                            f"{MAX_MODULES:,} layer-experts of any model the planner takes", field="config_json",
+                            hint="check num_hidden_layers and the expert count in the config.json")
+    return config
+
+
+# Keys of a config.json that say where it came from or what wrote it, not what the model is.
+_PROVENANCE = ("_name_or_path", "transformers_version", "_commit_hash")
+# File names that name no model: the file every model folder has.
+_GENERIC_FILES = ("config", "config.json", "")
+
+
+def model_part(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in config.items() if key not in _PROVENANCE}
+
+
+def model_digest(config: dict[str, Any]) -> str:
+    """The digest of what the model is (its provenance keys left out)."""
+    return hashlib.sha256(json.dumps(model_part(config), sort_keys=True).encode()).hexdigest()
+
+
+def same_model(one: dict[str, Any], other: dict[str, Any]) -> bool:
+    return model_part(one) == model_part(other)
+
+
+def dropped_model_name(config: dict[str, Any], name: str | None, file_name: str | None) -> str:
+    """The `org/name` a dropped config is listed under: the name asked for; else its `_name_or_path` (the Hub id it
+    was saved from, or the last folder of a local path); else the file's name when it is not the generic
+    config.json (`Qwen__Qwen3-0.6B.json` is Qwen/Qwen3-0.6B, as the catalog names its files); else its architecture
+    (`LlamaForCausalLM`); else its model_type. A name without an org is put under `local/`."""
+    from_path = config.get("_name_or_path")
+    stem = (file_name or "").replace("\\", "/").rsplit("/", 1)[-1].strip()
+    stem = stem[: -len(".json")] if stem.lower().endswith(".json") else stem
+    architectures = config.get("architectures")
+    candidates = [
+        name,
+        _from_path(from_path) if isinstance(from_path, str) else None,
+        stem.replace("__", "/", 1) if stem.lower() not in _GENERIC_FILES else None,
+        architectures[0] if isinstance(architectures, list) and architectures and isinstance(architectures[0], str)
+        else None,
+        str(config.get("model_type")),
+    ]
+    chosen = next(c for c in candidates if c and c.strip())
+    org, _, rest = chosen.strip().rpartition("/")
+    org = _UNSAFE.sub("-", org).strip(".-_")[:_LONGEST_NAME] or "local"
+    rest = _UNSAFE.sub("-", rest).strip(".-_")[:_LONGEST_NAME] or "model"
+    return f"{org}/{rest}"
+
+
+def _from_path(value: str) -> str | None:
+    """A Hub id as it is (`meta-llama/Llama-3.1-8B`); the last folder of a local path (`/data/run/final` → final)."""
+    value = value.strip().rstrip("/\\")
+    if not value:
+        return None
+    if value.startswith(("/", ".", "~")) or "\\" in value or ":" in value or value.count("/") > 1:
+        return value.replace("\\", "/").rsplit("/", 1)[-1]
+    return value

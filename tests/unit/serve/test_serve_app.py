@@ -16,9 +16,10 @@ from tunecast.catalog.store import load_catalog
 from tunecast.config.load import load_spec_text, overrides_from
 from tunecast.errors import ConfigError, Problem, TunecastError
 from tunecast.estimate import tracer
+from tunecast.paths import default_user_catalog_dir
 from tunecast.serve.app import STATIC, create_app, host_name, plotly_js
 from tunecast.serve.service import Lru
-from tunecast.serve.uploads import renamed, sample_file_name
+from tunecast.serve.uploads import dropped_model_name, renamed, sample_file_name
 
 RUN = "model: openai-community/gpt2\nmethod: lora\nseq_len: 512\nmicro_batch: 2\n"
 
@@ -107,16 +108,55 @@ def test_a_loopback_server_answers_its_own_host_only() -> None:
         ["127.0.0.1", "::1", "localhost", "::1"]
 
 
-def test_a_dropped_config_is_kept_once_where_model_can_point(client: TestClient) -> None:
-    first = client.post("/api/models", json={"config_json": shallow_llama(), "name": "me/tiny"})
-    again = client.post("/api/models", json={"config_json": shallow_llama(), "name": "me/tiny"})
-    assert first.status_code == 200 and first.json() == again.json()
-    model = Path(first.json()["model"])
-    assert model.name == "me__tiny.json" and json.loads(model.read_text()) == shallow_llama()
-    loaded = load_spec_text(f"model: {model}\n", [], load_catalog(None))
-    assert loaded.model.name == "me__tiny" and loaded.model.data == shallow_llama()
+def test_a_dropped_config_joins_the_catalog_under_its_own_name(client: TestClient) -> None:
+    config = {**shallow_llama(), "_name_or_path": "me/tiny", "architectures": ["LlamaForCausalLM"]}
+    first = client.post("/api/models", json={"config_json": config, "file_name": "config.json"})
+    assert first.status_code == 200, first.text
+    added = first.json()
+    assert added["model"] == "me/tiny" and added["added"] is True
+    params = added["params"]
+    # embeddings and head 2 × 512 × 64, final norm 64, and 2 layers of q, o 64 × 64, k, v 64 × 32 (2 of 4 heads of
+    # 16), gate, up, down 64 × 160, two norms of 64
+    assert params == 2 * 512 * 64 + 64 + 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160 + 2 * 64)
+    again = client.post("/api/models", json={"config_json": config, "file_name": "config.json"}).json()
+    assert again["model"] == "me/tiny" and again["added"] is False and again["params"] == params
+    # the name plans show, with its parameter count, is the one a person gave it; `model:` takes it here and in
+    # the user's catalog on disk (an exported config names it too)
+    service = client.app.state.service  # type: ignore[attr-defined]
+    loaded = load_spec_text("model: me/tiny\n", [], service.catalog)
+    assert loaded.model.name == "me/tiny" and loaded.model.params == params and loaded.model.data == config
+    assert load_catalog(default_user_catalog_dir()).models.find("me/tiny") is not None
+    listed = client.get("/api/catalog").json()["models"]
+    assert [m["params"] for m in listed if m["name"] == "me/tiny"] == [params]
+    # another config under the same name is another model: the name with its digest
+    wider = {**shallow_llama(hidden_size=128), "_name_or_path": "me/tiny"}
+    other = client.post("/api/models", json={"config_json": wider}).json()
+    assert other["model"].startswith("me/tiny-") and other["params"] > params
+    # a catalog model's own config is that model
+    qwen = load_catalog(None).models.find("Qwen/Qwen3-0.6B")
+    assert qwen is not None
+    same = client.post("/api/models", json={"config_json": qwen.data, "file_name": "Qwen__Qwen3-0.6B.json"}).json()
+    assert same["model"] == "Qwen/Qwen3-0.6B" and same["added"] is False and same["params"] == qwen.params
     error = _error(client.post("/api/models", json={"config_json": {"hidden_size": 64}}), 400)
     assert error["field"] == "config_json.model_type"
+    huge = _error(client.post("/api/models", json={"config_json": shallow_llama(num_hidden_layers=10**9)}), 400)
+    assert huge["field"] == "config_json" and "layers" in huge["message"]
+
+
+@pytest.mark.parametrize(("config", "file_name", "name"), [
+    ({"_name_or_path": "meta-llama/Llama-3.1-8B", "architectures": ["LlamaForCausalLM"]}, "config.json",
+     "meta-llama/Llama-3.1-8B"),
+    ({"_name_or_path": "/data/runs/my llama/final", "architectures": ["LlamaForCausalLM"]}, "config.json",
+     "local/final"),
+    ({"_name_or_path": "", "architectures": ["LlamaForCausalLM"]}, "Qwen__Qwen3-0.6B.json", "Qwen/Qwen3-0.6B"),
+    ({"architectures": ["LlamaForCausalLM"]}, "config.json", "local/LlamaForCausalLM"),
+    ({}, None, "local/llama"),
+    ({"architectures": ["LlamaForCausalLM"]}, "my model (v2).json", "local/my-model-v2"),
+])
+def test_a_dropped_config_is_named_as_it_names_itself(config: dict[str, Any], file_name: str | None,
+                                                      name: str) -> None:
+    assert dropped_model_name({"model_type": "llama", **config}, None, file_name) == name
+    assert dropped_model_name({"model_type": "llama", **config}, "org/asked", file_name) == "org/asked"
 
 
 def test_export_is_the_request_as_a_config_file(client: TestClient, tmp_path: Path) -> None:

@@ -2,11 +2,12 @@
    ranked options, memory, cost against time, rent or buy.
 
    How the page holds together:
-   * The state is the form. Every input carries `name` (its RunSpec key as `--set` takes it, `lora.rank`, or a
-     request option such as `budget_usd`) and `data-group`: `set` (sent as `overrides`), `config` (the base YAML the
-     overrides apply to), `options` (the plan's ranking options) or `breakeven` (rent or buy). An empty input is a key
-     left unset: the page writes no default of its own; after a plan, each input's placeholder shows the value the
-     plan resolved (`spec` of the plan document).
+   * The state is the form. Every input carries `name` (its RunSpec key as `--set` takes it: `lora.rank`, and the
+     ranking, budget and deadline as `plan.optimize`, `plan.budget_usd`, `plan.deadline_hours`, so that an exported
+     config plans as the page does) and `data-group`: `set` (sent as `overrides`), `config` (the base YAML the
+     overrides apply to) or `breakeven` (rent or buy). An empty input is a key left unset: the page writes no default
+     of its own; after a plan, each input's placeholder shows the value the plan resolved (`spec` of the plan
+     document).
    * The URL's query string is the state: the inputs' names and values, and `option` for the selected row. Loading a
      URL fills the inputs and plans; each committed change is a history entry.
    * A change waits DEBOUNCE_MS for the next; then one plan request, on the NDJSON stream endpoint so that its progress
@@ -24,6 +25,9 @@
   var DEBOUNCE_MS = 400;
   var TABLE_ROWS = 50;
   var MONTHS_SHOWN = 36;  // the plan report's rent-or-buy horizon
+  var MATCHES_SHOWN = 8;  // catalog models listed under the model input as it is typed
+  // query names of links made before the ranking inputs became RunSpec keys: still read
+  var OLD_NAMES = {"optimize": "plan.optimize", "budget_usd": "plan.budget_usd", "deadline_hours": "plan.deadline_hours"};
   var PLOT_CONFIG = {displaylogo: false, responsive: true, modeBarButtonsToRemove: ["sendDataToCloud"]};
 
   var $ = function (selector) { return document.querySelector(selector); };
@@ -37,6 +41,7 @@
     breakeven: null,  // the last rent-or-buy document shown
     exported: null,  // the last exported YAML
     sample: null,  // the last sample's statistics (POST /api/data)
+    limits: null,  // the server's limits (GET /api/health): the largest sample it takes
     plans: 0,  // plans rendered so far
   };
   window.tunecastPage = page;
@@ -87,13 +92,10 @@
     return {config: state.config, overrides: state.set};
   }
 
+  // The plan's ranking, budget and deadline are RunSpec keys among the overrides: no options beside them.
   function planBody(state) {
-    var options = {};  // what is left out is the API's default, as a flag left out is the CLI's
-    ["optimize", "budget_usd", "deadline_hours"].forEach(function (key) {
-      if (state.options[key] !== undefined) { options[key] = state.options[key]; }
-    });
     var body = runBody(state);
-    body.options = options;
+    body.options = {};
     return body;
   }
 
@@ -115,6 +117,9 @@
 
   function fromQuery(search) {
     var params = new URLSearchParams(search);
+    Object.keys(OLD_NAMES).forEach(function (old) {
+      if (params.has(old) && !params.has(OLD_NAMES[old])) { params.set(OLD_NAMES[old], params.get(old)); }
+    });
     inputs().forEach(function (el) {
       var value = params.get(el.name);
       if (el.tagName === "SELECT") {
@@ -367,10 +372,14 @@
 
   // ------------------------------------------------------------------------------------------------ formatting
 
+  function staleText(option) {
+    return "price from " + option.price_as_of + ", " + option.price_age_days + " days old: check it";
+  }
   function usd(value) {
     return "$" + value.toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 2});
   }
   function whole(value) { return Math.round(value).toLocaleString("en-US"); }
+  function megabytes(bytes) { return (bytes / 1e6).toFixed(bytes < 1e7 ? 1 : 0) + " MB"; }
   function gpusText(option) {  // as plan/planner.py gpus_text: `2×h100-sxm fsdp`
     var strategy = option.gpu_count > 1 && option.strategy ? " " + option.strategy : "";
     return option.gpu_count + "×" + option.gpu + strategy;
@@ -457,7 +466,7 @@
     var data = doc.dataset;
     var count = priced().length;
     $("#plan-summary").textContent = whole(data.processed_tokens) + " tokens processed (" + whole(data.trained_tokens) +
-      " trained) over " + data.epochs + " epoch(s), global batch " + doc.global_batch + " × " + doc.spec.seq_len + "; " +
+      " trained) over " + data.length + ", global batch " + doc.global_batch + " × " + doc.spec.seq_len + "; " +
       count + " priced options, ranked by " + (doc.optimize === "time" ? "hours" : "total cost") +
       (doc.filtered_out ? "; " + doc.filtered_out + " over the budget or deadline left out" : "") + ". Tokens: " +
       data.tokenizer + "." + (doc.model.params ? " " + doc.model.name + ": " + whole(doc.model.params) + " parameters." : "");
@@ -476,7 +485,7 @@
     ["GPUs", function (o) { return [gpusText(o)]; }],
     ["provider", function (o) { return [o.provider]; }],
     ["capacity", function (o) { return [o.spot ? "spot" : "on-demand"]; }],
-    ["$/h", function (o) { return [usd(o.usd_per_hour_total), o.usd_per_hour_total]; }],
+    ["$/h", function (o) { return [usd(o.usd_per_hour_total) + (o.price_stale ? "*" : ""), o.usd_per_hour_total]; }],
     ["mb×acc", function (o) { return [o.micro_batch + "×" + o.grad_accum]; }],
     ["ckpt", function (o) { return [o.grad_checkpointing ? "yes" : ""]; }],
     ["GiB", function (o) { return [o.device_total_gib.toFixed(1), o.device_total_gib]; }],
@@ -502,10 +511,20 @@
         var cell = column[1](option, index + 1);
         var td = el("td", cell[0], cell.length > 1 ? "num" : "");
         if (cell.length > 1) { td.dataset.value = String(cell[1]); }
+        if (column[0] === "$/h" && option.price_stale) {
+          td.classList.add("stale");
+          td.title = staleText(option);
+        }
         row.appendChild(td);
       });
       body.appendChild(row);
     });
+    var stale = all.filter(function (o) { return o.price_stale; });
+    $("#stale-note").hidden = !stale.length;
+    var oldest = stale.map(function (o) { return o.price_as_of; }).sort()[0];
+    $("#stale-note").textContent = stale.length ? "* the price of " + stale.length + " of the " + all.length +
+      " options is older than " + page.plan.price_stale_after_days + " days (the oldest from " + oldest + "): it " +
+      "may have moved. `tunecast offers` lists every price's date and source." : "";
     $("#options-note").textContent = all.length > shown.length ? "The first " + shown.length + " of " + all.length + "." :
       all.length + " options.";
     $("#show-all").hidden = all.length <= TABLE_ROWS;
@@ -533,7 +552,8 @@
       return;
     }
     $("#memory-title").textContent = "Selected: " + label(option) + " — " + usd(option.total_usd) + " in " +
-      option.hours.toFixed(2) + " h at " + usd(option.usd_per_hour_total) + "/h; micro-batch " + option.micro_batch +
+      option.hours.toFixed(2) + " h at " + usd(option.usd_per_hour_total) + "/h" +
+      (option.price_stale ? " (" + staleText(option) + ")" : "") + "; micro-batch " + option.micro_batch +
       " × accumulation " + option.grad_accum + (option.grad_checkpointing ? ", gradient checkpointing" : "") + "; " +
       option.device_total_gib.toFixed(1) + " of " + option.capacity_gib.toFixed(1) + " GiB per GPU (" +
       option.engine + ", " + option.basis + ").";
@@ -563,10 +583,38 @@
     return layout;
   }
 
+  // Ticks of a log axis that say their value whole ("0.3 h", not a bare "3" between decades): 1, 2, 3 and 5 of each
+  // decade when the values span less than one, 1, 2 and 5 up to four, only the powers of ten past that.
+  function logTicks(values, text) {
+    var low = Math.min.apply(null, values), high = Math.max.apply(null, values);
+    var first = Math.floor(Math.log10(low)), last = Math.ceil(Math.log10(high));
+    var span = Math.log10(high / low);
+    var steps = span > 4 ? [1] : span > 1 ? [1, 2, 5] : [1, 2, 3, 5];
+    var ticks = {tickvals: [], ticktext: []};
+    for (var power = first; power <= last; power++) {
+      steps.forEach(function (step) {
+        var value = step * Math.pow(10, power);
+        if (value >= low / 1.5 && value <= high * 1.5) {
+          ticks.tickvals.push(value);
+          ticks.ticktext.push(text(Number(value.toPrecision(1))));
+        }
+      });
+    }
+    return ticks;
+  }
+  function hoursTick(value) { return value < 1 ? value + " h" : whole(value) + " h"; }
+  function usdTick(value) { return value < 1 ? "$" + value : "$" + whole(value); }
+
   function renderCostTime() {
     var all = priced();
     var chart = "chart-cost-vs-time";
-    if (!all.length) { Plotly.purge(chart); return; }
+    var empty = $("#cost-empty");
+    var free = all.filter(function (o) { return !(o.total_usd > 0); });
+    empty.hidden = !all.length || free.length < all.length;
+    empty.textContent = "No cost to chart: every priced option costs $0 (a price of $0 per hour). Their hours are in " +
+      "the table above.";
+    $("#cost-caption").parentNode.hidden = !all.length || !empty.hidden;
+    if (!all.length || !empty.hidden) { Plotly.purge(chart); return; }
     function points(options, extra) {
       return Object.assign({type: "scatter", x: options.map(function (o) { return o.hours; }),
                             y: options.map(function (o) { return o.total_usd; }),
@@ -591,9 +639,14 @@
       traces.push(points([chosen], {mode: "markers", name: "selected",
                                     marker: {symbol: "circle-open", size: 20, line: {width: 3}, color: "#0072B2"}}));
     }
-    Plotly.react(chart, traces, baseLayout({xaxis: {title: {text: "hours (wall clock)"}, type: "log"},
-                                            yaxis: {title: {text: "whole run, USD"}, type: "log"},
-                                            legend: {orientation: "h", y: -0.2}}), PLOT_CONFIG);
+    // a run that costs $0 has no place on a log scale: then the cost axis is linear, from $0
+    var costAxis = free.length ? {title: {text: "whole run, USD"}, rangemode: "tozero", tickprefix: "$"} :
+      Object.assign({title: {text: "whole run, USD"}, type: "log"},
+                    logTicks(all.map(function (o) { return o.total_usd; }), usdTick));
+    Plotly.react(chart, traces, baseLayout({
+      xaxis: Object.assign({title: {text: "hours (wall clock)"}, type: "log"},
+                           logTicks(all.map(function (o) { return o.hours; }), hoursTick)),
+      yaxis: costAxis, legend: {orientation: "h", y: -0.2}}), PLOT_CONFIG);
     var div = document.getElementById(chart);
     if (!div.dataset.clicks) {
       div.dataset.clicks = "on";
@@ -647,7 +700,7 @@
   // Which card to buy and which offer to rent: the selected option when it is one on-demand GPU; otherwise the
   // best one-GPU on-demand option (of the chosen card, or of a card the catalog has a price for), as the report.
   function rentAndBuy(state) {
-    var single = priced().filter(function (o) { return o.gpu_count === 1 && !o.spot; });
+    var single = priced().filter(function (o) { return o.gpu_count === 1 && !o.spot && o.usd_per_hour_total > 0; });
     var chosen = selected();
     var wanted = state.breakeven.buy_gpu;
     var rent = single.indexOf(chosen) >= 0 ? chosen :
@@ -787,10 +840,15 @@
                       hint: "drop a model's config.json (its architecture, sizes, vocabulary)"}, "model-file");
         return;
       }
-      var name = config._name_or_path || file.name.replace(/\.json$/, "");
-      return postJson("/api/models", {config_json: config, name: name}).then(function (answer) {
-        if (!answer.ok) { showProblems(answer.doc.error, "model-file"); return; }
-        $("#model").value = answer.doc.model;
+      // the server names it (its _name_or_path, the file's name, its architecture) and counts its parameters
+      $("#model-facts").textContent = "Reading " + file.name + "…";
+      return postJson("/api/models", {config_json: config, file_name: file.name}).then(function (answer) {
+        if (!answer.ok) { modelFacts(); showProblems(answer.doc.error, "model-file"); return; }
+        var row = answer.doc;
+        if (page.catalog && !page.catalog.models.some(function (m) { return m.name === row.model; })) {
+          page.catalog.models.push(row);
+        }
+        $("#model").value = row.model;
         modelFacts();
         schedule();
       });
@@ -807,9 +865,21 @@
       }
     });
     var box = $("#sample-stats");
+    // the server takes a sample of at most `sample_bytes` (GET /api/health): a file of lines (JSONL, CSV) larger
+    // than that is measured on its first lines, cut at a line; a JSON document cannot be cut
+    // (0.6: JSON writes each quote of a JSONL line as two bytes, and a quarter of such text can be quotes)
+    var room = Math.floor(((page.limits && page.limits.sample_bytes) || 16e6) * 0.6);
+    var cut = file.size > room;
+    if (cut && /\.json$/i.test(file.name)) {
+      showProblems({message: file.name + " is " + megabytes(file.size) + ", more than the " + megabytes(room) +
+                    " a sample may be", field: null, hint: "save its first examples as JSON Lines (.jsonl): a " +
+                    "longer file of lines is measured on its first " + megabytes(room)}, "sample");
+      return Promise.resolve();
+    }
     box.hidden = false;
-    box.textContent = "Counting " + file.name + "…";
-    return file.text().then(function (text) {
+    box.textContent = "Counting " + file.name + (cut ? " (its first " + megabytes(room) + ")" : "") + "…";
+    return file.slice(0, cut ? room : file.size).text().then(function (text) {
+      if (cut) { text = text.slice(0, text.lastIndexOf("\n") + 1); }
       return postJson("/api/data", {config: state.config, overrides: overrides, sample: {name: file.name, text: text}});
     }).then(function (answer) {
       if (!answer.ok) { box.hidden = true; showProblems(answer.doc.error, "sample"); return; }
@@ -831,7 +901,8 @@
       var list = el("dl", null, "facts");
       facts.forEach(function (pair) { list.appendChild(el("dt", pair[0])); list.appendChild(el("dd", pair[1])); });
       box.appendChild(list);
-      box.appendChild(el("p", "Mean tokens per example set from this sample; set Examples to the size of the whole " +
+      box.appendChild(el("p", (cut ? "Measured on the first " + megabytes(room) + " of " + megabytes(file.size) +
+        ". " : "") + "Mean tokens per example set from this sample; set Examples to the size of the whole " +
         "dataset.", "muted"));
       $("#mean-tokens").value = String(Math.round(mean * 10) / 10);
       $("#mean-trained").value = String(Math.round(trained * 10) / 10);
@@ -847,13 +918,6 @@
 
   function fillCatalog(catalog) {
     page.catalog = catalog;
-    var list = $("#catalog-models");
-    catalog.models.forEach(function (model) {
-      var option = document.createElement("option");
-      option.value = model.name;
-      option.textContent = (model.params / 1e9).toFixed(1) + " B · " + model.model_type;
-      list.appendChild(option);
-    });
     var gpu = $("#gpu"), buy = $("#buy-gpu");
     var keepGpu = gpu.value, keepBuy = buy.value;
     catalog.gpus.forEach(function (row) {
@@ -879,6 +943,50 @@
     page.wantedProviders = null;
     providersSummary();
     modelFacts();
+  }
+
+  // The catalog models a person typing the model input means (GET /api/models?search=: case, spaces, dashes and
+  // dots alike, the vendor optional), listed under it to pick from; none when the input names one already.
+  var searchTimer = null, searchSeq = 0;
+  function searchModels() {
+    clearTimeout(searchTimer);
+    searchTimer = setTimeout(function () {
+      var text = $("#model").value.trim();
+      var seq = ++searchSeq;
+      var exact = page.catalog && page.catalog.models.some(function (m) {
+        return m.name.toLowerCase() === text.toLowerCase();
+      });
+      if (!text || exact || /[\\/.]json$|^[.~\/]/.test(text)) { showMatches([]); return; }
+      fetch("/api/models?" + new URLSearchParams({search: text, limit: String(MATCHES_SHOWN)}))
+        .then(function (r) { return r.json(); })
+        .then(function (doc) { if (seq === searchSeq) { showMatches(doc.models || []); } })
+        .catch(function () { showMatches([]); });
+    }, 120);
+  }
+
+  function showMatches(models) {
+    var list = $("#model-matches");
+    list.textContent = "";
+    models.forEach(function (model) {
+      var item = el("li");
+      var pick = el("button", model.name, "match");
+      pick.type = "button";
+      pick.setAttribute("role", "option");
+      pick.dataset.name = model.name;
+      pick.appendChild(el("span", " " + (model.params / 1e9).toFixed(1) + " B · " + model.model_type, "muted"));
+      item.appendChild(pick);
+      list.appendChild(item);
+    });
+    list.hidden = !models.length;
+    $("#model").setAttribute("aria-expanded", models.length ? "true" : "false");
+  }
+
+  function pickModel(name) {
+    $("#model").value = name;
+    showMatches([]);
+    modelFacts();
+    schedule();
+    $("#model").focus();
   }
 
   // A provider's checkbox, with how many offers it has when the catalog says.
@@ -910,7 +1018,7 @@
     form.addEventListener("input", function (event) {
       var target = event.target;
       if (target.type === "file") { return; }
-      if (target.id === "model") { modelFacts(); }
+      if (target.id === "model") { modelFacts(); searchModels(); }
       if (target.id === "method") { showLora(); }
       if (target.closest("#providers")) { providersSummary(); }
       schedule();
@@ -923,6 +1031,24 @@
           rentOrBuy();
         }, DEBOUNCE_MS);
       });
+    });
+    $("#model-matches").addEventListener("click", function (event) {
+      var pick = event.target.closest("button[data-name]");
+      if (pick) { pickModel(pick.dataset.name); }
+    });
+    $("#model").addEventListener("keydown", function (event) {
+      var first = $("#model-matches button");
+      if (event.key === "ArrowDown" && first && !$("#model-matches").hidden) { event.preventDefault(); first.focus(); }
+      if (event.key === "Escape") { showMatches([]); }
+    });
+    $("#model-matches").addEventListener("keydown", function (event) {
+      var current = event.target.closest("li");
+      if (!current) { return; }
+      var next = event.key === "ArrowDown" ? current.nextElementSibling : event.key === "ArrowUp" ?
+        current.previousElementSibling : null;
+      if (next) { event.preventDefault(); next.querySelector("button").focus(); }
+      if (event.key === "ArrowUp" && !current.previousElementSibling) { event.preventDefault(); $("#model").focus(); }
+      if (event.key === "Escape") { showMatches([]); $("#model").focus(); }
     });
     $("#cancel").addEventListener("click", cancel);
     $("#replan").addEventListener("click", commit);
@@ -965,6 +1091,9 @@
     $("#sample-file").addEventListener("change", function (event) {
       if (event.target.files[0]) { measureSample(event.target.files[0]); }
     });
+    document.addEventListener("click", function (event) {  // a click elsewhere closes the model list
+      if (!event.target.closest("#model, #model-matches")) { showMatches([]); }
+    });
     window.addEventListener("popstate", function () {
       fromQuery(location.search);
       plan(readState());
@@ -976,6 +1105,7 @@
     fromQuery(location.search);
     fetch("/api/health").then(function (r) { return r.json(); }).then(function (doc) {
       $("#version").textContent = "tunecast " + doc.version;
+      page.limits = doc.limits || null;
     }).catch(function () {});
     var catalog = fetch("/api/catalog").then(function (r) {
       if (!r.ok) { throw new Error("HTTP " + r.status); }
