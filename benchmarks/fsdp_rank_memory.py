@@ -56,7 +56,7 @@ def measure(model: str, settings: dict, folder: Path) -> tuple[float, list[float
     catalog = load_catalog(None)
     data = folder / "text.jsonl"
     long_texts(data, 16)
-    config = {"model": str(catalog.models.find(model).path), **settings, "max_steps": 2,
+    config = {"model": str(catalog.models.find(model).path), "random_weights": True, **settings, "max_steps": 2,
               "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)}, "checkpoint": {"every_steps": 100},
               "output": str(folder / "out"), "gpus": {"count": 2, "strategy": "fsdp"}}
     (folder / "run.yaml").write_text(yaml.safe_dump(config))

@@ -116,7 +116,7 @@ def make_data(path: Path, examples: int, seq_len: int) -> Path:
 
 def tunecast_config(folder: Path, model: Path, data: Path, method: str, setup: dict[str, Any]) -> Path:
     config: dict[str, Any] = {
-        "model": str(model), "method": method, "precision": "bf16", "optimizer": "adamw",
+        "model": str(model), "random_weights": True, "method": method, "precision": "bf16", "optimizer": "adamw",
         "micro_batch": setup["micro_batch"], "grad_accum": 1, "seq_len": setup["seq_len"],
         "grad_checkpointing": False, "learning_rate": LEARNING_RATE, "schedule": "linear", "warmup_steps": 0,
         "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": SEED, "max_steps": setup["steps"], "packing": False,

@@ -257,7 +257,8 @@ def make_data(folder: Path, examples_fixed: int, examples_variable: int) -> tupl
 def tunecast_config(folder: Path, model: Path, data: Path, *, steps: int, packing: bool = False,
                     checkpoint: dict[str, Any] | None = None) -> Path:
     config: dict[str, Any] = {
-        "model": str(model), "method": "lora", "lora": LORA, "precision": "fp32", "optimizer": "adamw",
+        "model": str(model), "random_weights": True, "method": "lora", "lora": LORA, "precision": "fp32",
+        "optimizer": "adamw",
         "micro_batch": MICRO_BATCH, "grad_accum": 1, "seq_len": SEQ_LEN, "learning_rate": LEARNING_RATE,
         "schedule": "linear", "warmup_steps": 0, "weight_decay": 0.0, "max_grad_norm": 1.0, "seed": SEED,
         "max_steps": steps, "packing": packing, "dataset": {"path": str(data), "format": "text"},

@@ -9,6 +9,8 @@ Protocol, one JSON object per line: a request {"args", "cwd", "env", "log", "kil
 server answers {"pid"} once the child is forked, then {"pid", "code"} when it has ended (code: the exit
 status, or minus the signal number that killed it). `kill_in_write: N` makes the child SIGKILL itself
 half-way through its N-th file write to the run's storage (a kill while a checkpoint is being written).
+`slow_load_s: S` holds the child S seconds where it starts loading the model (a slow disk or download), after
+printing "forkserver: loading held" to its log.
 
 A request with `"ranks": N` forks N children at once, the workers of one run, each with the variables
 torchrun sets (tunecast.launch.local.rank_env) and its own log (`log` with `.rankR` appended); the server
@@ -73,6 +75,22 @@ def _kill_in_write(count: int) -> None:
     store._copy_local = copy
 
 
+def _slow_load(seconds: float) -> None:
+    """Patch the session so that loading the base model first waits `seconds`."""
+    import time
+
+    from tunecast.train import session
+
+    load = session.load_base
+
+    def slow(*args: object, **kwargs: object) -> object:
+        print(f"forkserver: loading held for {seconds:g} s", flush=True)
+        time.sleep(seconds)
+        return load(*args, **kwargs)
+
+    session.load_base = slow
+
+
 def _child(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.update(request.get("env", {}))
@@ -88,6 +106,8 @@ def _child(request: dict) -> None:
         fsspec.config.conf["s3"] = {"endpoint_url": endpoint}
     if request.get("kill_in_write"):
         _kill_in_write(int(request["kill_in_write"]))
+    if request.get("slow_load_s"):
+        _slow_load(float(request["slow_load_s"]))
     from tunecast.cli import main
     from tunecast.train.signals import PROCESS_FLAG
 

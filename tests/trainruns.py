@@ -27,7 +27,7 @@ def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
     exact resume needs the random generators restored), evaluation and checkpoints every few steps. `changes`
     are dotted keys; a value of None removes the key."""
     config: dict[str, Any] = {
-        "model": str(TINY_MODEL), "method": "lora",
+        "model": str(TINY_MODEL), "random_weights": True, "method": "lora",
         "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
         "precision": "fp32", "optimizer": "adamw", "micro_batch": 2, "grad_accum": 2, "seq_len": 128,
         "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 2, "max_steps": 16, "seed": 7,
@@ -82,8 +82,9 @@ class ForkServer:
         self.process.stdin.close()  # type: ignore[union-attr]
         self.process.wait(timeout=30)
 
-    def _send(self, args: list[str], log: Path, kill_in_write: int | None) -> int:
+    def _send(self, args: list[str], log: Path, kill_in_write: int | None, slow_load_s: float | None = None) -> int:
         request = {"args": args, "cwd": str(REPO), "log": str(log), "kill_in_write": kill_in_write,
+                   "slow_load_s": slow_load_s,
                    "env": {**{k: v for k, v in os.environ.items() if k.startswith(("TUNECAST_", "HF_", "AWS_"))},
                            **self.env}}
         self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
@@ -109,6 +110,14 @@ class ForkServer:
     def run_ranks(self, args: list[str], log: Path, ranks: int) -> list[int]:
         self.start_ranks(args, log, ranks)
         return self.wait_ranks()
+
+    def start_one(self, args: list[str], log: Path, *, slow_load_s: float | None = None) -> int:
+        """Start `tunecast ARGS` and return its pid at once (`wait_one` gives its exit status); `slow_load_s` holds it
+        that long where it starts loading the model."""
+        return self._send(args, log, None, slow_load_s)
+
+    def wait_one(self) -> int:
+        return self._wait()
 
     def run(self, args: list[str], log: Path, *, kill_in_write: int | None = None) -> int:
         """Run `tunecast ARGS` to its end; its exit status (minus the signal number when killed)."""

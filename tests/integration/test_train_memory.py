@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_runner_memory_matches_the_estimate(case: str, tmp_path: Path, shared_ca
     monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
     data = tmp_path / "text.jsonl"
     long_texts(data, 8)
-    config = {"model": str(load_catalog(None).models.find(model).path), **settings,
+    config = {"model": str(load_catalog(None).models.find(model).path), "random_weights": True, **settings,
               "max_steps": 2, "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)},
               "checkpoint": {"every_steps": 100}, "output": str(tmp_path / "out")}
     path = tmp_path / "run.yaml"
@@ -85,7 +86,8 @@ def test_each_fsdp2_rank_uses_what_the_estimate_says(tmp_path: Path, shared_cach
     data = tmp_path / "text.jsonl"
     long_texts(data, 16)
     catalog = load_catalog(None)
-    config = {"model": str(catalog.models.find(model).path), "method": "lora", "lora": {"rank": 16},
+    config = {"model": str(catalog.models.find(model).path), "random_weights": True, "method": "lora",
+              "lora": {"rank": 16},
               "precision": "fp32", "micro_batch": 2, "seq_len": 512, "max_steps": 2,
               "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)}, "checkpoint": {"every_steps": 100},
               "gpus": {"count": 2, "strategy": "fsdp"}, "output": str(tmp_path / "out")}
@@ -102,3 +104,43 @@ def test_each_fsdp2_rank_uses_what_the_estimate_says(tmp_path: Path, shared_cach
         measured = max(line["peak_rss_gib_ranks"][rank] for line in lines if line["kind"] == "train") - baseline
         print(f"rank {rank}: measured {measured:.3f} GiB, predicted {predicted:.3f} GiB ({predicted / measured - 1:+.1%})")
         assert measured == pytest.approx(predicted, rel=0.10), f"rank {rank}: {measured:.3f} GiB measured"
+
+
+def test_the_check_covers_what_a_run_grows_by_with_freed_memory_kept(tmp_path: Path, shared_cache: Path) -> None:
+    """As a user runs it (glibc keeps freed memory; train/host_memory.py): a Qwen2-shaped model loaded from a bf16
+    weights file and trained in fp32, so that the weights are converted as they load. The check's prediction (the
+    start event's `predicted_memory_gib`) is not below the process's growth over six steps, by which the kept
+    heap has settled (benchmarks/cpu_kept_memory.py)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tunecast.train.host_memory import untuned_environment
+
+    config = dict(load_catalog(None).models.find("Qwen/Qwen2.5-0.5B").data)
+    config["num_hidden_layers"] = 2
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(folder)), dtype=torch.bfloat16).save_pretrained(
+        str(folder))
+    data = tmp_path / "text.jsonl"
+    long_texts(data, 8)
+    run = {"model": str(folder), "method": "lora", "lora": {"rank": 16}, "precision": "fp32", "micro_batch": 1,
+           "seq_len": 128, "max_steps": 6, "dataset": {"path": str(data), "tokenizer": str(TINY_MODEL)},
+           "eval": {"examples": 0}, "checkpoint": {"every_steps": 100}, "output": str(tmp_path / "out")}
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(run))
+    env = {**untuned_environment(), "TUNECAST_CACHE": str(shared_cache)}
+    done = subprocess.run([sys.executable, "-m", "tunecast", "train", str(path)], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    start = next(line for line in lines if line.get("event") == "start")
+    assert start["keeps_freed_memory"] is True
+    grown = max(line["peak_rss_gib"] for line in lines if line["kind"] == "train") - start["rss_before_model_gib"]
+    predicted = start["predicted_memory_gib"]
+    print(f"grew {grown:.3f} GiB, predicted {predicted:.3f} GiB ({predicted / grown - 1:+.0%})")
+    assert grown <= predicted <= 2 * grown
+    said = " ".join(done.stderr.split())
+    assert "of freed memory kept for speed, loading" in said

@@ -171,3 +171,87 @@ def test_checkpoints_on_object_storage_resume_bit_exact(server: ForkServer, refe
             assert record["step"] not in losses
             losses[record["step"]] = record["loss"]
     assert losses == reference["losses"]
+
+
+def _said(log: Path) -> str:
+    """The log with its lines joined (rich wraps long lines); empty before the run has written to it."""
+    return " ".join(log.read_text().split()) if log.exists() else ""
+
+
+def test_resume_decisions_are_said_before_training(server: ForkServer, tmp_path: Path) -> None:
+    """Which checkpoint, what was skipped and why, what changed: said as the run opens its output, so a run that
+    dies before its first step (here: SIGKILL) has said them."""
+    import shutil
+
+    config = tiny_run(tmp_path, max_steps=6, **NO_EVAL)
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0
+    output = tmp_path / "out"
+    shutil.rmtree(output / "final")  # as if killed while final/ was written
+    damaged = next((output / "checkpoints" / "step-00000006" / "state").glob("*.distcp"))
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    changed = tiny_run(tmp_path, max_steps=6, log_every_steps=2, **NO_EVAL)
+
+    code, _ = server.signal_when(["train", str(changed)], tmp_path / "log2.txt",
+                                 lambda: "log_every_steps" in _said(tmp_path / "log2.txt"),
+                                 signal_number=signal.SIGKILL)
+
+    assert code == -signal.SIGKILL
+    said = _said(tmp_path / "log2.txt")
+    assert (f"checkpoints/step-00000006: skipped: state/{damaged.name} has 100 bytes, the manifest says "
+            in said and "(truncated) → it was left by an interrupted or damaged write; checkpoint step 4 is used "
+            "instead" in said)
+    assert "resuming from checkpoint step 4 (checkpoints/step-00000004, the newest that verifies)" in said
+    assert "log_every_steps: changed since the checkpoint (1 → 2); it does not change training" in said
+    assert "step 5/6" not in said  # all of it before training
+
+
+def test_damaged_checkpoints_are_not_overwritten_by_a_fresh_start(server: ForkServer, tmp_path: Path) -> None:
+    config = tiny_run(tmp_path, max_steps=4, **NO_EVAL)
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0
+    output = tmp_path / "out"
+    for progress in (output / "checkpoints").glob("step-*/progress.json"):
+        flipped = bytearray(progress.read_bytes())
+        flipped[len(flipped) // 2] ^= 0x01  # a bit flipped on the disk
+        progress.write_bytes(bytes(flipped))
+    damaged = {path: path.read_bytes() for path in (output / "checkpoints").rglob("*") if path.is_file()}
+
+    assert server.run(["train", str(config)], tmp_path / "log2.txt") == 2
+    said = _said(tmp_path / "log2.txt")
+    assert (f"error: no checkpoint in {output} verifies (step-00000004: progress.json does not match its SHA-256 "
+            "(corrupted); step-00000002: progress.json does not match its SHA-256 (corrupted)): starting from step 0 "
+            "would overwrite them") in said
+    assert "pass --fresh to start over" in said
+    assert {path: path.read_bytes() for path in (output / "checkpoints").rglob("*") if path.is_file()} == damaged
+
+    assert server.run(["train", str(config), "--fresh"], tmp_path / "log3.txt") == 0
+    moved = next(tmp_path.glob("out.old-*"))
+    assert (moved / "checkpoints" / "step-00000004" / "progress.json").read_bytes() == \
+        damaged[output / "checkpoints" / "step-00000004" / "progress.json"]
+
+
+def test_max_steps_ends_a_run_of_epochs_early_and_a_rerun_continues_it(server: ForkServer, tmp_path: Path) -> None:
+    """With both set, the epochs set the schedule and max_steps ends the run: its steps are the first steps of
+    the run of the epochs alone, and the same output run again without max_steps continues it to the same
+    result, bit for bit."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    assert server.run(["train", str(tiny_run(alone, max_steps=None, epochs=1))], alone / "log.txt") == 0
+    reference = train_losses(alone / "out")
+    assert sorted(reference) == list(range(1, 10))  # 36 examples, 4 a step
+
+    capped = tiny_run(tmp_path, max_steps=4, epochs=1)
+    assert server.run(["train", str(capped)], tmp_path / "log.txt") == 0, _said(tmp_path / "log.txt")[-3000:]
+    assert ("max_steps 4 ends the run at step 4 of the 9 steps of 1 epoch; the learning-rate schedule follows the "
+            "1 epoch") in _said(tmp_path / "log.txt")
+    assert train_losses(tmp_path / "out") == {step: reference[step] for step in range(1, 5)}
+    assert server.run(["train", str(capped)], tmp_path / "log2.txt") == 0
+    assert "Already complete" in _said(tmp_path / "log2.txt")
+
+    longer = tiny_run(tmp_path, name="longer.yaml", max_steps=None, epochs=1)
+    assert server.run(["train", str(longer)], tmp_path / "log3.txt") == 0, _said(tmp_path / "log3.txt")[-3000:]
+    said = _said(tmp_path / "log3.txt")
+    assert "resuming from checkpoint step 4" in said and "max_steps: changed since the checkpoint (4 → None)" in said
+    assert train_losses(tmp_path / "out") == reference
+    assert adapter_bytes(tmp_path / "out") == adapter_bytes(alone / "out")
+    assert server.run(["train", str(capped)], tmp_path / "log4.txt") == 0
+    assert "Already complete" in _said(tmp_path / "log4.txt") and "at step 9" in _said(tmp_path / "log4.txt")

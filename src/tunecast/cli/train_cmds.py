@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn
 
@@ -32,11 +34,44 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-class ConsoleReporter:
-    """Progress on stderr: a live bar on a terminal, a line every few seconds otherwise."""
+LABEL = "training"
+BAR_MIN, BAR_MAX = 10, 40  # the progress bar's width, when the terminal has room for one
 
-    def __init__(self) -> None:
-        self.live = err.is_terminal
+
+def _cost(usd: float) -> str:
+    return f"${usd:,.2f}"
+
+
+def progress_forms(record: dict[str, Any], total: int, eta_s: float, cost_at_end: float) -> list[str]:
+    """The progress line, from the fullest to the tightest; each keeps the step, loss, tok/s, ETA and cost."""
+    step, loss, speed = record["step"], record["loss"], record["tokens_per_second"]
+    so_far, eta = record["cost_usd"], _duration(eta_s)
+    return [f"step {step}/{total} · loss {loss:.4f} · {speed:,.0f} tok/s · {_duration(record['elapsed_s'])} elapsed · "
+            f"ETA {eta} · {_cost(so_far)} so far, {_cost(cost_at_end)} at the end",
+            f"step {step}/{total} · loss {loss:.4f} · {speed:,.0f} tok/s · ETA {eta} · {_cost(so_far)} → "
+            f"{_cost(cost_at_end)} at the end",
+            f"{step}/{total} · loss {loss:.3f} · {speed:,.0f} tok/s · ETA {eta} · {_cost(so_far)}→{_cost(cost_at_end)}"]
+
+
+def fit_progress(forms: list[str], width: int) -> tuple[str, int, bool]:
+    """On a terminal `width` columns wide: the fullest form that leaves room for a bar at least BAR_MIN wide beside
+    the label, else the tightest with a bar and no label, else the tightest alone; the bar's width (0: none), and
+    whether the label shows."""
+    for text in forms:
+        room = width - len(LABEL) - len(text) - 3  # two gaps between columns, and a column to spare
+        if room >= BAR_MIN:
+            return text, min(BAR_MAX, room), True
+    room = width - len(forms[-1]) - 2
+    return forms[-1], min(BAR_MAX, room) if room >= BAR_MIN else 0, False
+
+
+class ConsoleReporter:
+    """Progress on stderr: a live bar on a terminal (the line narrows to the terminal's width: the bar and the
+    elapsed time go first), a line every few seconds otherwise."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or err
+        self.live = self.console.is_terminal
         self.progress: Progress | None = None
         self.task: Any = None
         self.last_line = 0.0
@@ -44,30 +79,30 @@ class ConsoleReporter:
     def event(self, kind: str, message: str) -> None:
         colour = {"preempted": "yellow", "resume": "cyan", "checkpoint": "dim", "eval": "green"}.get(kind, "")
         text = f"[{colour}]{escape(message)}[/]" if colour else escape(message)
+        if kind == "warning":  # as print_problems marks one
+            text = f"  [yellow]![/] {escape(message)}"
         if self.progress is not None:
             self.progress.console.print(text)
         else:
-            err.print(text)
-
-    def _describe(self, record: dict[str, Any], total: int, eta_s: float, cost_at_end: float) -> str:
-        return (f"step {record['step']}/{total} · loss {record['loss']:.4f} · "
-                f"{record['tokens_per_second']:,.0f} tok/s · {_duration(record['elapsed_s'])} elapsed · "
-                f"ETA {_duration(eta_s)} · ${record['cost_usd']:.2f} so far, ${cost_at_end:.2f} at the end")
+            self.console.print(text)
 
     def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None:
-        text = self._describe(record, total_steps, eta_s, cost_at_end_usd)
+        forms = progress_forms(record, total_steps, eta_s, cost_at_end_usd)
         if self.live:
+            text, bar, label = fit_progress(forms, self.console.width)
+            columns = ((TextColumn(f"[bold]{LABEL}"),) if label else ()) + \
+                ((BarColumn(bar_width=bar),) if bar else ()) + (TextColumn("{task.description}"),)
             if self.progress is None:
-                self.progress = Progress(TextColumn("[bold]training"), BarColumn(), TextColumn("{task.description}"),
-                                         console=err, transient=False)
+                self.progress = Progress(*columns, console=self.console, transient=False)
                 self.progress.start()
-                self.task = self.progress.add_task(text, total=total_steps)
+                self.task = self.progress.add_task(escape(text), total=total_steps)
+            self.progress.columns = columns
             self.progress.update(self.task, completed=record["step"], description=escape(text))
             return
         now = time.monotonic()
         if now - self.last_line >= PLAIN_EVERY_S or record["step"] == total_steps or record["step"] == 1:
             self.last_line = now
-            err.print(escape(text))
+            self.console.print(escape(forms[0]))
 
     def close(self) -> None:
         if self.progress is not None:
@@ -94,7 +129,8 @@ def train_command(
     config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
     = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Start over: move the earlier run in the output aside "
-                                        "(OUTPUT.old-TIMESTAMP) instead of resuming it.")] = False,
+                                        "(OUTPUT.old-TIMESTAMP) instead of resuming it (also when every checkpoint "
+                                        "there is damaged).")] = False,
     skip_invalid: Annotated[bool, typer.Option("--skip-invalid", help="Skip rows that cannot be read, and count "
                                                "them, instead of stopping.")] = False,
     no_memory_check: Annotated[bool, typer.Option("--no-memory-check", help="Do not estimate memory before the "
@@ -119,10 +155,23 @@ def train_command(
     installed_here = not PROCESS_FLAG.installed  # run from code (tests), not from the console script
     flag = PROCESS_FLAG.install() if installed_here else PROCESS_FLAG
     try:
-        return _train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag, started, report)
+        status = _train(ctx, config, fresh, no_memory_check, json_output, spec_args, skip_invalid, flag, started,
+                        report)
     finally:
         if installed_here:
             flag.uninstall()
+    if not installed_here:
+        _exit_at_once(status)
+    return status
+
+
+def _exit_at_once(status: int) -> None:
+    """End the console script's process now: everything the run wrote is closed and durable, its lock released and
+    its process group left, and the interpreter's own teardown of torch and the model (seconds on a loaded machine)
+    is time a preempted machine does not have (benchmarks/sigterm_latency.py)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _launch(count: int, json_output: bool) -> int:
@@ -170,7 +219,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
                              spec_args.allow_download, spec_args.source)
-    from tunecast.train.distributed import world_from_env
+    from tunecast.train.world import world_from_env
 
     loaded = load_from_cli(ctx, config, spec_args)
     if loaded.spec.runner != "tunecast":
@@ -186,6 +235,14 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
         raise TunecastError(f"gpus.count is {loaded.spec.gpus.count} but the launcher started {world.size} processes",
                             field="gpus.count", hint=f"set gpus.count (or --gpus) to {world.size}, or leave it out")
+    if world.main:  # a busy output or a model without weights: refused now, not after the libraries load
+        from tunecast.train.lock import probe_lock
+        from tunecast.train.preflight import check_weights
+        from tunecast.train.run import output_url
+        from tunecast.train.store import Storage
+
+        probe_lock(Storage(output_url(loaded.spec)))
+        check_weights(loaded.spec, loaded.model, random_allowed=False)
     if not world.distributed and loaded.spec.gpus.count > 1:
         print_problems(list(loaded.warnings))
         return _launch(loaded.spec.gpus.count, json_output)
@@ -223,8 +280,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
     _STOPPED_BY_SIGNAL[0] = result.signal is not None and result.lost is None
     if result.rank != 0:  # rank 0 speaks for the run
         return EXIT_PREEMPTED if not result.finished else 0
-    print_problems(result.warnings)
-    if json_output:
+    if json_output:  # the warnings were said as they arose (ConsoleReporter); the document lists them too
         print_json(result.as_dict())
     if result.lost is not None:
         err.print(f"[yellow]Another worker was lost ({escape(result.lost)}): stopped without a new checkpoint; the "

@@ -47,6 +47,7 @@ class TrainData:
     untrained_examples: int  # dropped: no trained token within seq_len
     detection: str
     pad_id: int
+    eval_examples: int = 0  # held-out examples (before packing: eval_units are packed sequences with packing)
 
     def epoch_order(self, seed: int, epoch: int) -> list[int]:
         """The units of `epoch` in the order they are trained: a permutation drawn from (seed, epoch) only."""
@@ -113,7 +114,7 @@ def load_train_data(path: str, counter: TokenizerCounter, *, layout: str, train_
     else:
         units = [_unit(example) for example in train]
         eval_units = [_unit(example) for example in evaluation]
-    return TrainData(units, eval_units, len(train), len(bad), untrained, detection.explanation, pad_id)
+    return TrainData(units, eval_units, len(train), len(bad), untrained, detection.explanation, pad_id, len(evaluation))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,11 @@ says is available), with `plan.memory_margin` left free:
 
 A micro-batch the user fixed is checked the same way before the first step: a run that will not fit stops
 with what would make it fit, instead of running into an out-of-memory error minutes later.
+
+On the CPU the process's whole growth counts, not only the step's live memory (host_memory.py): with freed
+memory kept for speed, the heap's high-water mark above the live peak; and the weights' loading, when they are
+converted from the dtype of their files. A shape that fits only with freed memory returned to the system runs
+that way (`keep_freed_memory` false).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from tunecast.catalog.store import Catalog
 from tunecast.config.spec import DEFAULT_MICRO_BATCH, TORCH_ADAMW, RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
+from tunecast.train.host_memory import kept_heap_gib
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class BatchChoice:
     estimate_gib: float | None  # predicted device memory of the chosen shape; None when not estimated
     capacity_gib: float
     reasons: tuple[str, ...]
+    keep_freed_memory: bool = False  # on the CPU: keep freed memory for reuse (host_memory.py); it fits so
 
 
 def sequences_per_step(spec: RunSpec) -> int:
@@ -50,7 +57,9 @@ def sequences_per_step(spec: RunSpec) -> int:
 
 
 def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, catalog: Catalog, *,
-                 check_memory: bool = True) -> BatchChoice:
+                 check_memory: bool = True, keep_freed: bool = False, loading_gib: float = 0.0) -> BatchChoice:
+    """`keep_freed`: on the CPU, the runner may keep freed memory (the user did not tune glibc's allocator);
+    `loading_gib`: what loading the weights holds besides the model (host_memory.loading_bytes), on the CPU."""
     per_step = sequences_per_step(spec)
     capacity = device.free_gib * (1 - spec.plan.memory_margin)
     auto_batch = spec.micro_batch == "auto"
@@ -66,7 +75,7 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
     if not check_memory:
         chosen = sizes[-1] if auto_batch else sizes[0]
         return BatchChoice(chosen, per_step // chosen, checkpointing[0], None, capacity,
-                           ("memory not checked",))
+                           ("memory not checked",), keep_freed)
 
     def estimate(micro_batch: int, recompute: bool) -> MemoryEstimate:
         return estimate_memory(spec, config_data, device=device.kind, gpu=device.gpu, overheads=catalog.overheads,
@@ -78,8 +87,9 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
             memory = estimate(micro_batch, recompute)
             if smallest is None or memory.device_total_gib < smallest.device_total_gib:
                 smallest = memory
-            if memory.device_total_gib <= capacity:
-                reasons = [f"{memory.device_total_gib:.2f} GiB predicted of the {capacity:.2f} GiB usable on "
+            needed, kept, terms = _process_growth(memory, device, keep_freed, loading_gib, capacity)
+            if needed <= capacity:
+                reasons = [f"{needed:.2f} GiB predicted{terms} of the {capacity:.2f} GiB usable on "
                            f"{device.name} ({device.free_gib:.2f} GiB free, {spec.plan.memory_margin:.0%} margin)"]
                 if auto_batch:
                     larger = [s for s in sizes if s > micro_batch]
@@ -89,8 +99,8 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
                 if spec.grad_checkpointing == "auto":
                     reasons.append("gradient checkpointing on: nothing fits without it" if recompute
                                    else "gradient checkpointing off: not needed to fit")
-                return BatchChoice(micro_batch, per_step // micro_batch, recompute, memory.device_total_gib,
-                                   capacity, tuple(reasons))
+                return BatchChoice(micro_batch, per_step // micro_batch, recompute, needed, capacity, tuple(reasons),
+                                   kept)
     assert smallest is not None
     raise TunecastError(
         f"the run does not fit {device.name}: at least {smallest.device_total_gib:.2f} GiB predicted "
@@ -98,6 +108,27 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
         field="micro_batch" if not auto_batch else "seq_len",
         hint=_suggestions(spec, auto_batch),
     )
+
+
+def _process_growth(memory: MemoryEstimate, device: Device, keep_freed: bool, loading_gib: float,
+                    capacity: float) -> tuple[float, bool, str]:
+    """What the process grows by for this estimate (its live peak; on the CPU also the loading and, when freed
+    memory is kept, the heap's high-water mark), whether freed memory is kept, and the terms said."""
+    if device.kind != "cpu":
+        return memory.device_total_gib, False, ""
+    breakdown = memory.breakdown_gib
+    loading = breakdown["weights"] + breakdown["trainable_weights"] + breakdown["overhead"] + loading_gib
+    loaded = f", loading {loading:.2f} GiB" if loading_gib > 0 else ""
+    live = max(memory.device_total_gib, loading)
+    if keep_freed:
+        state = sum(breakdown[key] for key in ("weights", "trainable_weights", "optimizer", "quantization"))
+        kept = memory.device_total_gib + kept_heap_gib(max(0.0, memory.device_total_gib - state))
+        if max(kept, loading) <= capacity or live > capacity:
+            return max(kept, loading), True, (f" ({memory.device_total_gib:.2f} GiB live, "
+                                              f"{kept - memory.device_total_gib:.2f} GiB of freed memory kept for "
+                                              f"speed{loaded})")
+    returned = " with freed memory returned to the system (slower steps)" if keep_freed else ""
+    return live, False, (f"{returned}{f' ({loaded[2:]})' if loaded else ''}")
 
 
 def _suggestions(spec: RunSpec, auto_batch: bool) -> str:

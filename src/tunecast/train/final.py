@@ -49,7 +49,8 @@ def write_final(session: Session, storage: Storage, loaded: LoadedSpec) -> None:
             model.save_pretrained(str(folder), **({"state_dict": state} if state is not None else {}))
             save_tokenizer(session.tokenizer, folder)
             (folder / "README.md").write_text(model_card(session, loaded, base_reference(loaded, storage)))
-            write_set(storage, FINAL, folder_files(folder), {"kind": "final", "step": session.progress.step})
+            write_set(storage, FINAL, folder_files(folder), {"kind": "final", "step": session.progress.step,
+                                                             "schedule_steps": session.schedule_steps})
     engine.barrier()
 
 
@@ -73,7 +74,7 @@ def model_card(session: Session, loaded: LoadedSpec, base: str) -> str:
         f"| batch | micro-batch {session.micro_batch} × accumulation {session.grad_accum}"
         f"{f' × {session.engine.world.size} processes' if session.engine.world.size > 1 else ''} × "
         f"{spec.seq_len} tokens |",
-        f"| data | `{spec.dataset.path}`: {data.examples:,} training examples, {len(data.eval_units)} held out; "
+        f"| data | `{spec.dataset.path}`: {data.examples:,} training examples, {data.eval_examples} held out; "
         f"{data.detection} |",
         f"| trained | {progress.step:,} optimizer steps, {progress.tokens:,} tokens "
         f"({progress.trained_tokens:,} in the loss) |",

@@ -120,10 +120,11 @@ class Session:
     data: TrainData
     micro_batch: int
     grad_accum: int
-    total_steps: int
+    total_steps: int  # the step the run ends at
+    schedule_steps: int  # the steps the learning-rate schedule spans (more than total_steps when max_steps cuts it)
     warmup_steps: int
     store: CheckpointStore
-    lock: Any  # the RunLock on rank 0; a stand-in whose refresh does nothing on the others
+    lock: Any  # the RunLock on rank 0 (refreshed by its own thread, lock.py); a stand-in on the others
     metrics: MetricsLog
     progress: Progress
     policy: CheckpointPolicy
@@ -190,7 +191,8 @@ def save_checkpoint(session: Session, reason: str) -> float:
         files = checkpoint_files(Path(scratch), rank=engine.world.rank, model=session.model,
                                  optimizer=session.optimizer,
                                  schedule={"name": session.spec.schedule, "step": progress.step,
-                                           "warmup_steps": session.warmup_steps, "total_steps": session.total_steps},
+                                           "warmup_steps": session.warmup_steps, "total_steps": session.total_steps,
+                                           "schedule_steps": session.schedule_steps},
                                  scaler=session.scaler, rng=session.rng_at_boundary, progress=progress,
                                  config_yaml=session.config_yaml)
         listed = write_files(store.storage, folder, files)
@@ -202,7 +204,6 @@ def save_checkpoint(session: Session, reason: str) -> float:
                        {"step": progress.step, **session.manifest_meta, "layout": LAYOUT,
                         "world_size": engine.world.size, "optimizer_state": progress.step > 0})
         store.prune(session.spec.checkpoint.keep, newest=progress.step)
-        session.lock.refresh()
         refresh_report(session)
     engine.barrier()  # every rank leaves once the checkpoint exists
     seconds = time.monotonic() - started
@@ -262,7 +263,7 @@ def _run_eval(session: Session) -> None:
     loss = evaluate(session)
     session.progress.last_eval_step = session.progress.step
     session.metrics.write({"kind": "eval", "step": session.progress.step, "eval_loss": loss,
-                           "examples": len(session.data.eval_units), "seconds": round(time.monotonic() - started, 3),
+                           "examples": session.data.eval_examples, "seconds": round(time.monotonic() - started, 3),
                            "elapsed_s": round(elapsed_s(session), 3)})
     session.reporter.event("eval", f"step {session.progress.step}: eval loss {loss:.4f}")
 
@@ -319,7 +320,9 @@ def train(session: Session) -> Outcome:
     orders: dict[int, list[int]] = {}
     try:
         while True:
-            # 1. what is due between steps
+            # 1. what is due between steps; a run that lost its output's lock (paused past its stale age, and taken
+            # over) stops here rather than at its next write (no I/O unless the process was paused: lock.py)
+            session.store.storage.check()
             if _eval_due(session):
                 _run_eval(session)
             if progress.step >= session.total_steps:
@@ -344,7 +347,7 @@ def train(session: Session) -> Outcome:
 
             # 3. learning rate of this step, passes, clipping, optimizer
             lr = spec.learning_rate * lr_factor(spec.schedule, progress.step, warmup=session.warmup_steps,
-                                                total=session.total_steps)
+                                                total=session.schedule_steps)
             session.optimizer.set_lr(lr)
             loss, grad_norm, passes_done = _optimizer_step(session, passes, stand_in, trained)
             if session.device.type == "cuda":
@@ -363,7 +366,6 @@ def train(session: Session) -> Outcome:
                 progress.offset = 0
                 orders.pop(progress.epoch - 1, None)
             session.rng_at_boundary = capture_rng()
-            session.lock.refresh()
             _log_step(session, loss=loss, lr=lr, grad_norm=grad_norm, tokens=tokens, padded=padded, seconds=seconds,
                       optimizer_seconds=ended - passes_done, per_step=per_step)
             if session.stop is not None and session.stop(progress):

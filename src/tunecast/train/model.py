@@ -2,11 +2,14 @@
 
 * A model directory holding weights, or a Hub id whose weights are in the local cache (or may be downloaded
   with --allow-download): `from_pretrained`, in the run's parameter dtype.
-* A config without weights (a config JSON file, a directory with only config.json): random weights drawn
-  from the run's seed — for tests, demos and timing runs. These are saved once under the run's `base/`, so
-  the final adapter has a base that `PeftModel.from_pretrained` and `tunecast merge` can load.
+* A config without weights (a config JSON file, a directory with only config.json), when the config says
+  `random_weights: true` (or the run only measures speed): random weights drawn from the run's seed — for tests,
+  demos and timing runs; otherwise preflight.py stops the run before anything loads. Random weights are saved
+  once under the run's `base/`, so the final adapter has a base that `PeftModel.from_pretrained` and
+  `tunecast merge` can load.
 * QLoRA (`quantize_for_qlora`): the decoder layers' Linear weights become NF4 with double quantization and bf16 compute
-  (bitsandbytes Linear4bit, train/quantize.py), the output head and embeddings stay in bf16.
+  (bitsandbytes Linear4bit, train/quantize.py), the output head and embeddings stay in bf16, and so do decoder
+  weights that are not Linear modules: a mixture of experts' fused experts and router (the run says so).
 
 Then `prepare_for_training` applies the same adapters, dtypes and checkpointing the memory estimator traces.
 """
@@ -25,11 +28,10 @@ from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
 from tunecast.errors import TunecastError
 from tunecast.estimate.shape import hf_config
+from tunecast.train.preflight import check_weights, has_weights
 from tunecast.train.setup import compute_dtype, param_dtype, training_config
 
 BASE_SAVED = "base"  # where a run keeps the random base weights it drew (beside checkpoints/)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
 
 
 @dataclass(frozen=True)
@@ -39,20 +41,19 @@ class BaseModel:
     random: bool
 
 
-def has_weights(folder: Path) -> bool:
-    return folder.is_dir() and any((folder / name).exists() for name in WEIGHT_FILES)
-
-
-def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool) -> BaseModel:
-    """The base model of `spec` on the CPU, before quantization and adapters."""
+def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool, random_allowed: bool = False
+              ) -> BaseModel:
+    """The base model of `spec` on the CPU, before quantization and adapters. Random weights only when the config
+    asks for them, or `random_allowed` (a measuring run)."""
     dtype = compute_dtype(spec.precision) if spec.method == "qlora" else param_dtype(spec.precision)
     attention = "eager" if spec.attention == "eager" else ("flash_attention_2" if spec.attention == "flash" else "sdpa")
     config = hf_config(training_config(resolved.data), name=resolved.name)
-    folder = resolved.path.parent if resolved.origin == "directory" else None
+    check_weights(spec, resolved, random_allowed=random_allowed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if folder is not None and has_weights(folder):
-            model = _pretrained(str(folder), config, dtype, attention, local_only=True)
+        if resolved.origin == "directory" and has_weights(resolved):
+            folder = resolved.path.parent
+            model = _pretrained(str(folder), config, dtype, attention, local_only=True, folder=True)
             origin = f"loaded from {folder}"
             random_weights = False
         elif resolved.origin in ("catalog", "downloaded"):
@@ -64,28 +65,46 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool) -> 
 
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
-            origin = f"random weights from the config (seed {spec.seed}): no weights file beside {resolved.path.name}"
+            why = "random_weights: true" if spec.random_weights else "a measuring run"
+            origin = f"random weights drawn from seed {spec.seed} ({why}; {resolved.path.name} has no weights beside it)"
             random_weights = True
     return BaseModel(model, origin, random_weights)
 
 
 def quantize_for_qlora(model: Any, spec: RunSpec, device: torch.device) -> Any:
-    """QLoRA's base: NF4 decoder weights, double quantization, compute in the run's compute dtype."""
+    """QLoRA's base: NF4 decoder Linear weights, double quantization, compute in the run's compute dtype; any width
+    (train/quantize.py turns off bitsandbytes' CPU repacking, which takes only some)."""
     from tunecast.train.quantize import quantize_nf4
 
     return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=True, device=str(device))
 
 
-def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, local_only: bool) -> Any:
+def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, local_only: bool,
+                folder: bool = False) -> Any:
+    """`from_pretrained` of a folder or a Hub id; weights that cannot be read are a user error naming them."""
+    import pickle
+
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM
 
     try:
         return AutoModelForCausalLM.from_pretrained(name, config=config, dtype=dtype, attn_implementation=attention,
                                                     local_files_only=local_only)
+    except (SafetensorError, EOFError, pickle.UnpicklingError) as error:  # a file cut short or damaged
+        where = f"the weights in {name}" if folder else f"the cached weights of {name}"
+        raise TunecastError(f"cannot read {where}: {str(error).splitlines()[0]} (a truncated or damaged file: a "
+                            "download that did not finish?)", field="model",
+                            hint="download the weights again" + ("" if folder else " (--allow-download)")) from None
     except OSError as error:
-        hint = ("pass --allow-download to fetch the weights from the Hugging Face Hub (set HF_TOKEN for gated "
-                "models)" if local_only else "check the model id, the network and HF_TOKEN")
-        raise TunecastError(f"cannot load the weights of {name}: {error}", field="model", hint=hint) from None
+        if folder:
+            hint = "check that the folder holds every file of the model (the weights, and the index of sharded ones)"
+        elif local_only:
+            hint = ("pass --allow-download to fetch the weights from the Hugging Face Hub (set HF_TOKEN for gated "
+                    "models)")
+        else:
+            hint = "check the model id, the network and HF_TOKEN"
+        raise TunecastError(f"cannot load the weights of {name}: {str(error).splitlines()[0]}", field="model",
+                            hint=hint) from None
 
 
 def load_run_tokenizer(spec: RunSpec, resolved: ModelConfig) -> TokenizerCounter:

@@ -3,11 +3,13 @@ part the loop needs. The output directory (or storage URL) is the run's identity
 
 Order of work, each step checking the preemption flag so a signal during set-up also stops cleanly:
 
-1. the output: `--fresh` moves an old run aside first; a lock makes this process its only writer;
+1. the output: `--fresh` moves an old run aside first; a lock makes this process its only writer (lock.py),
+   from before anything loads to after `final/`;
 2. the newest checkpoint that verifies (newer broken ones are named and skipped) and the config policy:
    a change that alters shapes, numerics or the data order is refused, a harmless one is allowed with a
-   warning (HARMLESS below);
-3. the data, tokenized; the batch shape, from the memory estimate (batching.py);
+   warning (HARMLESS below). These decisions are announced at once, before anything loads. When checkpoints
+   are there but every one of them is damaged, the run refuses to start over them unless `--fresh`;
+3. the data, tokenized; the batch shape, from the memory estimate (batching.py); the run's length (RunLength);
 4. the model, adapters, optimizer; then the checkpoint's state, restored;
 5. the loop (loop.py); at its end `final/`: the adapter (or full model), the tokenizer and a model card.
 """
@@ -32,15 +34,28 @@ from tunecast.config.load import LoadedSpec, flatten
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.train.signals import PreemptionFlag
-from tunecast.train.store import LOCK, CheckpointStore, Loaded, Storage, locked, read_set
+from tunecast.train.store import (
+    CHECKPOINTS,
+    LOCK,
+    WRITE_HINT,
+    CheckpointStore,
+    Loaded,
+    Skipped,
+    Storage,
+    WriteFailed,
+    locked,
+    read_set,
+    step_name,
+)
 
 FINAL = "final"
 BASE = "base"
 CONFIG_FILE = "config.yaml"
-# Keys whose change leaves every step's computation as it was: allowed on resume, with a warning.
+# Keys whose change leaves every step's computation as it was: allowed on resume, with a warning. `max_steps` too
+# when the epochs set the schedule before and after (it only moves where the run ends: `schedule_by` below).
 HARMLESS = ("output", "checkpoint.", "eval.every_steps", "log_every_steps", "pricing.", "plan.", "gpus.gpu",
             "gpus.count", "gpus.strategy", "gpus.offload", "grad_checkpointing", "activation_offload",
-            "dataset.skip_invalid", "micro_batch", "grad_accum")
+            "dataset.skip_invalid", "micro_batch", "grad_accum", "random_weights")
 # The batch shape resolved at the first start; a resumed run keeps it whatever `auto` would choose now.
 RESOLVED = ("micro_batch", "grad_accum", "grad_checkpointing")
 
@@ -85,6 +100,42 @@ class TrainResult:
                 "warnings": [w.as_dict() for w in self.warnings]}
 
 
+@dataclass(frozen=True)
+class RunLength:
+    """How many optimizer steps a run trains, and over how many its learning-rate schedule runs.
+
+    `max_steps` alone: both are max_steps. `epochs` alone: both are ⌈epochs × steps per epoch⌉. Both set (the
+    Trainer's, axolotl's and torchtune's convention): the epochs set the schedule (warm-up ratio, decay over the
+    epochs' steps) and max_steps ends the run early, so a short run is the first steps of the long one."""
+
+    steps: int
+    schedule_steps: int
+    per_epoch: int
+    by_epochs: bool  # the schedule follows the epochs (False: max_steps alone)
+
+    @property
+    def capped(self) -> bool:
+        """max_steps ends the run before its epochs do."""
+        return self.steps < self.schedule_steps
+
+
+def run_length(spec: RunSpec, units: int, per_step: int, *, epochs_set: bool) -> RunLength:
+    """The run's length over `units` training sequences, `per_step` of them per optimizer step. `epochs_set`: the
+    user set `epochs` (RunSpec.fixed), so that with max_steps the epochs still set the schedule."""
+    per_epoch = math.ceil(units / per_step)
+    by_epochs = max(1, math.ceil(spec.epochs * per_epoch))
+    if spec.max_steps is None:
+        return RunLength(by_epochs, by_epochs, per_epoch, True)
+    if not epochs_set:
+        return RunLength(spec.max_steps, spec.max_steps, per_epoch, False)
+    return RunLength(min(spec.max_steps, by_epochs), by_epochs, per_epoch, True)
+
+
+def schedule_by_epochs(spec: RunSpec, *, epochs_set: bool) -> bool:
+    """Whether the epochs set the learning-rate schedule (run_length's rule, before the data is read)."""
+    return spec.max_steps is None or epochs_set
+
+
 def output_url(spec: RunSpec) -> str:
     return spec.output if spec.output is not None else str((Path.cwd() / spec.default_output).resolve())
 
@@ -126,15 +177,19 @@ class _NoLock:
 
     took_over: str | None = None
 
-    def refresh(self, *, force: bool = False) -> None:
-        pass
+
+def warn(result: TrainResult, reporter: Any, problem: Problem) -> None:
+    """A warning of the run: said at once (a run that fails later has said it), and kept for the JSON summary."""
+    result.warnings.append(problem)
+    reporter.event("warning", f"{problem.field}: {problem.message}" + (f" → {problem.hint}" if problem.hint else ""))
 
 
 def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
                  reporter: Any) -> TrainResult:
     """Train `loaded` to the end or to a preemption, on this process or as one rank of several (started by
     torchrun, accelerate launch or `tunecast train --gpus N`). Raises TunecastError for what the user must fix."""
-    from tunecast.train.distributed import Engine, PeerLost, world_from_env
+    from tunecast.train.distributed import Engine, PeerLost
+    from tunecast.train.world import world_from_env
 
     world = world_from_env()
     result = TrainResult(output=output_url(loaded.spec), finished=False, rank=world.rank, world_size=world.size)
@@ -144,14 +199,16 @@ def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, fl
     except PeerLost as lost:  # another rank stopped during set-up
         result.lost = str(lost)
         return result
+    except WriteFailed as failed:  # a full or read-only output: say where the same command would start again
+        raise failed.with_hint(f"{WRITE_HINT}; {CheckpointStore(Storage(result.output)).recovery()}") from None
     finally:
         engine.close()
 
 
 def _open_run(spec: RunSpec, storage: Storage, request: TrainRequest, reporter: Any, stack: contextlib.ExitStack,
-              result: TrainResult) -> dict[str, Any]:
-    """Rank 0's part before training: --fresh, the lock, leftovers, the newest valid checkpoint, the config policy.
-    What it found, for every rank."""
+              result: TrainResult, epochs_set: bool) -> dict[str, Any]:
+    """Rank 0's part before training: --fresh, the lock, leftovers, the newest valid checkpoint, the config policy,
+    each decision said as it is taken. What it found, for every rank."""
     if request.fresh and storage.exists():
         with locked(storage):  # a run still writing there stops --fresh, as it would stop a resume
             pass
@@ -160,22 +217,50 @@ def _open_run(spec: RunSpec, storage: Storage, request: TrainRequest, reporter: 
             reporter.event("start", f"--fresh: the earlier run moved to {moved}")
     lock = stack.enter_context(locked(storage))
     if lock.took_over:
-        reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed)")
+        reporter.event("start", f"took over the lock left by {lock.took_over} (a run that was killed or lost)")
     leftovers = storage.remove_temporaries()
     if leftovers:
         reporter.event("start", f"removed {len(leftovers)} half-written file(s) a killed run left")
     found, skipped = CheckpointStore(storage).newest_valid(keep=False)
+    if found is None and any(bad.written for bad in skipped):
+        _refuse_damaged(storage, skipped)
+    instead = (f"checkpoint step {found.step} is used instead" if found is not None
+               else "no complete checkpoint is left: the run starts from step 0")
     for bad in skipped:
-        result.warnings.append(Problem(f"checkpoints/{bad.name}", f"skipped: {bad.reason}",
-                                       "it was left by an interrupted or damaged write; the newest complete "
-                                       "checkpoint is used instead", severity="warning"))
+        warn(result, reporter, Problem(f"checkpoints/{bad.name}", f"skipped: {bad.reason}",
+                                       f"it was left by an interrupted or damaged write; {instead}",
+                                       severity="warning"))
     opened: dict[str, Any] = {"lock": lock, "found": None, "resolved_then": None, "complete": False}
     if found is not None:
+        # final/ is written only after the last step's checkpoint: complete, it means the run is done, unless a
+        # larger max_steps (or none) now takes it further along the same schedule
+        opened["complete"] = final_complete(storage) and not _goes_further(found.manifest, spec, epochs_set)
+        if not opened["complete"]:
+            reporter.event("resume", f"resuming from checkpoint step {found.step} "
+                                     f"({CHECKPOINTS}/{step_name(found.step)}, the newest that verifies)")
         opened["found"] = (found.step, found.manifest)
-        opened["resolved_then"] = _check_config(found.manifest, spec.model_dump(mode="json"), result)
-        # final/ is written only after the last step's checkpoint: complete, it means the run is done
-        opened["complete"] = final_complete(storage)
+        opened["resolved_then"] = _check_config(found.manifest, spec, result, reporter, epochs_set)
     return opened
+
+
+def _refuse_damaged(storage: Storage, skipped: list[Skipped]) -> None:
+    listed = "; ".join(f"{bad.name}: {bad.reason}" for bad in skipped[:4])
+    more = f" and {len(skipped) - 4} more" if len(skipped) > 4 else ""
+    raise TunecastError(f"no checkpoint in {storage.url} verifies ({listed}{more}): starting from step 0 would "
+                        "overwrite them", field="output",
+                        hint="pass --fresh to start over (the damaged run is moved aside to OUTPUT.old-TIMESTAMP, "
+                             "not deleted), or give this run another --output")
+
+
+def _goes_further(manifest: dict[str, Any], spec: RunSpec, epochs_set: bool) -> bool:
+    """Whether a finished run (its last checkpoint's `manifest`) has steps left now: it ended early at max_steps
+    on a schedule of the epochs, and max_steps is now larger or unset."""
+    schedule = manifest.get("schedule_steps")
+    if manifest.get("schedule_by") != "epochs" or not isinstance(schedule, int) \
+            or not schedule_by_epochs(spec, epochs_set=epochs_set):
+        return False
+    planned = schedule if spec.max_steps is None else min(spec.max_steps, schedule)
+    return int(manifest.get("step", 0)) < planned
 
 
 def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag, reporter: Any,
@@ -187,7 +272,7 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
         failure: tuple[str, str | None, str | None] | None = None
         if engine.world.main:
             try:
-                opened = _open_run(spec, storage, request, reporter, stack, result)
+                opened = _open_run(spec, storage, request, reporter, stack, result, spec.fixed("epochs"))
             except TunecastError as error:
                 if not engine.world.distributed:
                     raise
@@ -281,10 +366,18 @@ def _newest(store: CheckpointStore, engine: Any) -> int:
     return found.step if found is not None else 0
 
 
-def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: TrainResult) -> dict[str, Any]:
+def _check_config(manifest: dict[str, Any], spec: RunSpec, result: TrainResult, reporter: Any,
+                  epochs_set: bool) -> dict[str, Any]:
     """The config policy on resume; returns the resolved batch shape the run started with."""
     then = manifest.get("requested", {})
+    requested = spec.model_dump(mode="json")
     refused, allowed = config_changes(then, requested)
+    # max_steps only moves where a run ends when the epochs set its schedule, before (a checkpoint of an earlier
+    # version says so when it had no max_steps) and now
+    then_by_epochs = manifest.get("schedule_by", "epochs" if then.get("max_steps") is None else None) == "epochs"
+    if "max_steps" in refused and then_by_epochs and schedule_by_epochs(spec, epochs_set=epochs_set):
+        refused.remove("max_steps")
+        allowed.append("max_steps")
     if refused:
         old, new = flatten(then), flatten(requested)
         listed = ", ".join(f"{key} ({old.get(key)!r} → {new.get(key)!r})" for key in refused[:6])
@@ -296,8 +389,10 @@ def _check_config(manifest: dict[str, Any], requested: dict[str, Any], result: T
     for key in allowed:
         if key in RESOLVED:
             continue
-        result.warnings.append(Problem(key, "changed since the checkpoint; it does not change training, so the "
-                                            "run resumes with the new value", severity="warning"))
+        old_value, new_value = flatten(then).get(key), flatten(requested).get(key)
+        warn(result, reporter, Problem(key, f"changed since the checkpoint ({old_value!r} → {new_value!r}); it does "
+                                            "not change training, so the run resumes with the new value",
+                                       severity="warning"))
     resolved = manifest.get("resolved", {})
     assert isinstance(resolved, dict)
     return resolved
@@ -307,14 +402,6 @@ def write_config(storage: Storage, document: dict[str, Any]) -> str:
     text = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     storage.write(CONFIG_FILE, text.encode())
     return text
-
-
-def total_steps(spec: RunSpec, units: int, per_step: int) -> tuple[int, int]:
-    """(total optimizer steps, steps per epoch): `max_steps`, else ⌈epochs × steps per epoch⌉."""
-    per_epoch = math.ceil(units / per_step)
-    if spec.max_steps is not None:
-        return spec.max_steps, per_epoch
-    return max(1, math.ceil(spec.epochs * per_epoch)), per_epoch
 
 
 def free_memory_gib(kind: str) -> float:

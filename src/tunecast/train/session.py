@@ -16,14 +16,15 @@ import numpy as np
 import torch
 
 from tunecast.catalog.store import Catalog
+from tunecast.config.checks import distributed_problems
 from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import STRATEGY_ENGINES
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.estimate.settings import TraceSettings
 from tunecast.train.batches import run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
-from tunecast.train.distributed import Engine, PeerLost, world_from_env
-from tunecast.train.host_memory import keep_freed_memory, reset_peak_rss
+from tunecast.train.distributed import Engine, PeerLost
+from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib, keep_freed_memory, reset_peak_rss
 from tunecast.train.loop import CheckpointPolicy, Session
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
@@ -35,19 +36,24 @@ from tunecast.train.model import (
     save_base,
 )
 from tunecast.train.optim import TrainOptimizer, warmup_steps
+from tunecast.train.preflight import check_run
+from tunecast.train.quantize import unquantized_weights
 from tunecast.train.run import (
     RESOLVED,
+    RunLength,
     TrainRequest,
     TrainResult,
     config_hash,
     free_memory_gib,
-    total_steps,
+    run_length,
+    warn,
     write_config,
 )
 from tunecast.train.setup import decoder_layers, prepare_for_training
-from tunecast.train.signals import PreemptionFlag
+from tunecast.train.signals import PreemptionFlag, stop_within_layers
 from tunecast.train.state import LAYOUT, STATE, TRAINABLE, Progress, restore, restore_legacy, seed_ranks
 from tunecast.train.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder
+from tunecast.train.world import world_from_env
 
 
 def resident_gib() -> float:
@@ -99,27 +105,14 @@ class NoMetrics:
 
 def _check_distributed(spec: Any, engine: Engine) -> None:
     """What a run on several processes cannot do (yet), said before anything loads (by rank 0: every rank finds
-    the same, the others only exit with its status)."""
+    the same, the others only exit with its status). The rules are `validate`'s (config/checks.py), at the real
+    number of processes."""
     if not engine.world.distributed:
         return
-    found: tuple[str, str, str] | None = None
-    if spec.loss == "chunked":
-        found = ("loss: chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to see",
-                 "loss", "use loss: standard with several GPUs, or train on one")
-    elif spec.method == "qlora" and spec.gpus.strategy != "ddp":
-        found = (f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_ENGINES[spec.gpus.strategy]}",
-                 "gpus.strategy", "use gpus.strategy: ddp for QLoRA (each GPU holds the 4-bit base), or method: "
-                                  "lora with fsdp")
-    elif spec.optimizer_in_backward:
-        found = ("optimizer_in_backward steps each parameter inside the backward pass, before its gradient is "
-                 "averaged over the ranks", "optimizer_in_backward",
-                 "set optimizer_in_backward: false with several GPUs")
-    elif spec.global_batch is not None and spec.global_batch % engine.world.size:
-        found = (f"global_batch {spec.global_batch} does not divide over {engine.world.size} processes",
-                 "global_batch", f"use a multiple of {engine.world.size}")
-    if found is not None:
-        message, field_name, hint = found
-        raise (TunecastError if engine.world.main else SharedError)(message, field=field_name, hint=hint)
+    found = distributed_problems(spec, engine.world.size)
+    if found:
+        first = found[0]
+        raise (TunecastError if engine.world.main else SharedError)(first.message, field=first.field, hint=first.hint)
 
 
 def _decided(engine: Engine, decide: Any) -> Any:
@@ -175,53 +168,68 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     if spec.dataset.path is None:
         raise TunecastError("training needs a dataset file", field="dataset.path",
                             hint="set dataset.path (or --dataset) to a JSONL, JSON, CSV or Parquet file")
+    cuda = engine.device.type == "cuda"
+    check_run(spec, resolved_model, cuda=cuda, capability=torch.cuda.get_device_capability(engine.device)
+              if cuda else None, device_name=torch.cuda.get_device_name(engine.device) if cuda else "the CPU",
+              random_allowed=request.measuring)
     counter = load_run_tokenizer(spec, resolved_model)
     data = run_data(spec, counter, check=flag.check, limit=request.data_limit)
-    if data.skipped_rows:
-        result.warnings.append(Problem("dataset.skip_invalid", f"{data.skipped_rows} invalid row(s) skipped",
+    if data.skipped_rows and main:
+        warn(result, reporter, Problem("dataset.skip_invalid", f"{data.skipped_rows} invalid row(s) skipped",
                                        "`tunecast data` lists them", severity="warning"))
-    if data.untrained_examples:
-        result.warnings.append(Problem("seq_len", f"{data.untrained_examples} example(s) have no trained token within "
-                                       f"seq_len {spec.seq_len} and are left out",
+    if data.untrained_examples and main:
+        warn(result, reporter, Problem("seq_len", f"{data.untrained_examples} example(s) have no trained token "
+                                       f"within seq_len {spec.seq_len} and are left out",
                                        "raise seq_len if their responses matter", severity="warning"))
     flag.check()
 
     device = local_device(catalog, world.local_size)
-    keeps_freed_memory = device.kind == "cpu" and keep_freed_memory()
+    may_keep = device.kind == "cpu" and can_keep_freed_memory()
+    loading_gib = cpu_loading_gib(spec, resolved_model) if device.kind == "cpu" else 0.0
     fixed = spec
     if world.distributed and spec.global_batch is not None:  # each process takes its share of the global batch
         fixed = spec.with_changes({"global_batch": spec.global_batch // world.size})
     if resolved_then:
         fixed = _resumed_shape(spec, resolved_then, world.size)
     choice: BatchChoice = _decided(engine, lambda: choose_batch(fixed, resolved_model.data, device, catalog,
-                                                                check_memory=request.check_memory))
+                                                                check_memory=request.check_memory,
+                                                                keep_freed=may_keep, loading_gib=loading_gib))
+    keeps_freed_memory = choice.keep_freed_memory and keep_freed_memory()
     checkpointing = "on" if choice.grad_checkpointing else "off"
     processes = "process" if world.size == 1 else "processes"
     across = f" × {world.size} {processes} ({STRATEGY_ENGINES[spec.gpus.strategy]})" if world.distributed else ""
     reporter.event("start", f"micro_batch {choice.micro_batch} × grad_accum {choice.grad_accum}{across}, gradient "
                             f"checkpointing {checkpointing}: " + "; ".join(choice.reasons))
     if world.distributed and spec.gpus.offload != "none" and device.kind != "cuda" and main:
-        result.warnings.append(Problem("gpus.offload", f"is {spec.gpus.offload}, but this run is on the CPU already",
+        warn(result, reporter, Problem("gpus.offload", f"is {spec.gpus.offload}, but this run is on the CPU already",
                                        "nothing is offloaded; the setting applies on GPUs", severity="warning"))
     if spec.gpus.count > 1 and not world.distributed:
-        result.warnings.append(Problem("gpus.count", f"is {spec.gpus.count}, but this process trains on one device",
+        warn(result, reporter, Problem("gpus.count", f"is {spec.gpus.count}, but this process trains on one device",
                                        "the global batch is kept by gradient accumulation; pass --gpus "
                                        f"{spec.gpus.count} to train on {spec.gpus.count} processes",
                                        severity="warning"))
     per_step = choice.micro_batch * choice.grad_accum * world.size
-    steps, per_epoch = total_steps(spec, len(data.units), per_step)
-    warmup = warmup_steps(spec, steps)
+    # a measuring run (calibrate) trains exactly its max_steps
+    length = run_length(spec, len(data.units), per_step,
+                        epochs_set=loaded.spec.fixed("epochs") and not request.measuring)
+    steps = length.steps
+    if found is not None:
+        _check_schedule(found, length.schedule_steps)
+    warmup = warmup_steps(spec, length.schedule_steps)
 
     seed_everything(spec.seed)
     flag.check()
     rss_before_model = resident_gib()
-    base = load_base(spec, resolved_model, allow_download=request.allow_download)
+    base = load_base(spec, resolved_model, allow_download=request.allow_download, random_allowed=request.measuring)
     if main and base.random and not request.measuring and not storage.exists(BASE_SAVED, MANIFEST):
         save_base(base.model, counter, storage)
     flag.check()
     model = base.model
     if spec.method == "qlora":
         model = quantize_for_qlora(model, spec, engine.device)
+        unquantized = unquantized_weights(model)  # a mixture of experts' fused experts: most of its weights
+        if unquantized is not None and main:
+            reporter.event("start", unquantized.describe())
     if spec.precision == "fp8":
         model = enable_float8(model.to(engine.device), engine.device)
     settings = TraceSettings.from_spec(spec, grad_checkpointing=choice.grad_checkpointing)
@@ -230,14 +238,16 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         model = model.to(engine.device)  # FSDP2 moves each shard to the device itself, layer by layer
     model = engine.wrap(model, strategy=spec.gpus.strategy, offload=spec.gpus.offload, layers=decoder_layers(model))
     engine.barrier()  # every rank wrapped (DDP's constructor broadcasts from rank 0)
+    if not world.distributed and not spec.optimizer_in_backward:
+        stop_within_layers(model, flag)
     if engine.sharded and device.kind == "cpu":
         reset_peak_rss()  # the whole model each rank built before sharding is not the training steps' peak
     if world.distributed:
         seed_ranks(spec.seed, world.rank, 0)  # dropout masks of their own on every rank
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = TrainOptimizer(spec, trainable)
-    if spec.optimizer_in_backward and spec.max_grad_norm > 0:
-        result.warnings.append(Problem("max_grad_norm", "does not apply with optimizer_in_backward: each parameter "
+    if spec.optimizer_in_backward and spec.max_grad_norm > 0 and main:
+        warn(result, reporter, Problem("max_grad_norm", "does not apply with optimizer_in_backward: each parameter "
                                        "steps before the others' gradients exist", "set max_grad_norm: 0 to say so",
                                        severity="warning"))
     scaler = _grad_scaler(spec, engine)
@@ -245,7 +255,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     progress = Progress()
     if found is not None:
         progress = _restore(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
-                            result=result)
+                            result=result, reporter=reporter)
         result.resumed_from = found.step
     metrics: Any = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None) if main \
         else NoMetrics()
@@ -266,11 +276,14 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         document["gpus"] = {**document["gpus"], "count": world.size}
     config_yaml = write_config(storage, document) if main else ""
     meta = {"requested": requested, "resolved": resolved, "config_sha256": config_hash(document),
-            "total_steps": steps}
+            "total_steps": steps, "schedule_steps": length.schedule_steps,
+            "schedule_by": "epochs" if length.by_epochs else "max_steps"}
     reporter.event("start", f"model: {base.origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
     reporter.event("start", f"data: {data.examples:,} training examples ({len(data.units):,} "
-                            f"{'packed sequences' if spec.packing else 'sequences'}), {len(data.eval_units)} held out; "
-                            f"{steps} steps ({per_epoch} per epoch)")
+                            f"{'packed sequences' if spec.packing else 'sequences'}), {data.eval_examples} held out; "
+                            f"{steps} steps ({length.per_epoch} per epoch)")
+    if length.by_epochs and spec.max_steps is not None:
+        reporter.event("start", _length_line(spec, length))
     if request.measuring:
         reporter.event("start", f"measuring only: no checkpoints; price {price_note}")
     else:
@@ -289,10 +302,30 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {steps}")
     return Session(spec=spec, model=model, optimizer=optimizer, scaler=scaler, engine=engine, data=data,
                    micro_batch=choice.micro_batch, grad_accum=choice.grad_accum, total_steps=steps,
-                   warmup_steps=warmup, store=store, lock=lock, metrics=metrics, progress=progress, policy=policy,
-                   usd_per_hour=usd_per_hour, config_yaml=config_yaml, manifest_meta=meta, flag=flag,
-                   reporter=reporter, started=request.started, elapsed_before_s=progress.elapsed_s,
-                   device=engine.device, trainable=trainable, tokenizer=counter)
+                   schedule_steps=length.schedule_steps, warmup_steps=warmup, store=store, lock=lock,
+                   metrics=metrics, progress=progress, policy=policy, usd_per_hour=usd_per_hour,
+                   config_yaml=config_yaml, manifest_meta=meta, flag=flag, reporter=reporter, started=request.started,
+                   elapsed_before_s=progress.elapsed_s, device=engine.device, trainable=trainable, tokenizer=counter)
+
+
+def _length_line(spec: Any, length: RunLength) -> str:
+    """The one line said when both max_steps and epochs are set."""
+    epochs = f"{spec.epochs:g} epoch{'' if spec.epochs == 1 else 's'}"
+    if length.capped:
+        return (f"max_steps {spec.max_steps} ends the run at step {length.steps} of the {length.schedule_steps} steps "
+                f"of {epochs}; the learning-rate schedule follows the {epochs}, so these are the first steps of "
+                "that run (the same command without max_steps continues it)")
+    return f"max_steps {spec.max_steps} is beyond the {length.schedule_steps} steps of {epochs}: the epochs end the run"
+
+
+def _check_schedule(found: Loaded, schedule_steps: int) -> None:
+    """A resumed run keeps the schedule its checkpoint was trained on (the config policy allows no change that
+    would move it; a checkpoint of an earlier version does not record it)."""
+    then = found.manifest.get("schedule_steps")
+    if isinstance(then, int) and then != schedule_steps:
+        raise TunecastError(f"the learning-rate schedule of checkpoint step {found.step} spans {then} steps, this "
+                            f"run's {schedule_steps}", field="epochs",
+                            hint="restore the settings the run started with, or pass --fresh to start over")
 
 
 def _grad_scaler(spec: Any, engine: Engine) -> Any:
@@ -324,7 +357,7 @@ def _resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) ->
 
 
 def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
-             scaler: Any, result: TrainResult) -> Progress:
+             scaler: Any, result: TrainResult, reporter: Any) -> Progress:
     """This rank's state from checkpoint `found` (verified by rank 0)."""
     storage, folder, manifest = store.storage, store.folder(found.step), found.manifest
     try:
@@ -346,7 +379,7 @@ def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *
         raise TunecastError(f"checkpoint step {found.step} does not fit this run: {str(error).splitlines()[0]}",
                             field="output", hint="pass --fresh to start over (the old run is moved aside)") from None
     if not restored.rng_restored and engine.world.main:
-        result.warnings.append(Problem("gpus.count", f"checkpoint step {found.step} was written by "
+        warn(result, reporter, Problem("gpus.count", f"checkpoint step {found.step} was written by "
                                        f"{manifest.get('world_size', 1)} process(es), this run has {engine.world.size}",
                                        "it resumes with the same weights, optimizer and data position; random draws "
                                        "(dropout) differ from an uninterrupted run", severity="warning"))

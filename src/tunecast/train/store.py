@@ -14,8 +14,8 @@ Why a checkpoint is never half there, in the order things happen:
    deletion interrupted half-way leaves a folder that is skipped, never one that loads.
 
 A kill at any instant (SIGKILL, power loss) therefore leaves the previous checkpoint intact and the one
-being written invisible. The run also holds a lock on its output (`RunLock`), so two processes never write
-the same run.
+being written invisible. The run also holds a lock on its output (lock.py), so two processes never write
+the same run; every write here first calls the lock's check (`Storage.guard`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import hashlib
 import json
 import os
 import re
-import socket
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +39,7 @@ CHECKPOINTS = "checkpoints"
 STEP_PATTERN = re.compile(r"^step-(\d{8,})$")
 TEMPORARY = re.compile(r"\.tmp-\d+$")  # a file being written: `{name}.tmp-{pid}`
 HASH_CHUNK = 1 << 22
-LOCK = ".tunecast.lock"
-# A lock on object storage cannot be tied to a process; its holder refreshes it, and one not refreshed for
-# this long belongs to a machine that is gone (a spot VM reclaimed without notice).
-REMOTE_LOCK_STALE_S = 180.0
-REMOTE_LOCK_REFRESH_S = 30.0
+LOCK = ".tunecast.lock"  # the run's lock (lock.py)
 
 
 def step_name(step: int) -> str:
@@ -58,6 +52,7 @@ class Skipped:
 
     name: str
     reason: str
+    written: bool = False  # its manifest was written: a checkpoint once complete, since damaged (not a write cut short)
 
 
 class Storage:
@@ -74,6 +69,13 @@ class Storage:
             raise TunecastError(f"cannot use the storage {url}: {error}", field="output",
                                 hint="install the fsspec backend (pip install 'tunecast[s3]' for s3://)") from None
         self.local = "file" in _protocols(self.fs)
+        # the run's lock sets this: called before every write, it raises LockLost once another run holds the output
+        self.guard: Callable[[], None] | None = None
+
+    def check(self) -> None:
+        """Raise LockLost when the run writing here lost its lock (nothing to check without one)."""
+        if self.guard is not None:
+            self.guard()
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
@@ -89,9 +91,11 @@ class Storage:
         with self.fs.open(self.path(*parts), "rb") as handle:
             return bytes(handle.read())
 
-    def write(self, relative: str, data: bytes) -> None:
-        """`data` under `relative`, whole or not at all."""
+    def write(self, relative: str, data: bytes, *, guarded: bool = True) -> None:
+        """`data` under `relative`, whole or not at all (`guarded`: only while the run holds its lock)."""
         target = self.path(relative)
+        if guarded:
+            self.check()
         with self._writing(relative):
             if self.local:
                 _write_local(target, data)
@@ -101,6 +105,7 @@ class Storage:
     def write_file(self, relative: str, source: Path) -> None:
         """The local file `source` under `relative`, copied in chunks (never whole in memory), whole or not at all."""
         target = self.path(relative)
+        self.check()
         with self._writing(relative):
             if self.local:
                 _copy_local(source, target)
@@ -112,9 +117,8 @@ class Storage:
         try:
             yield
         except OSError as error:
-            raise TunecastError(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
-                                hint="free space on the output storage or check its permissions; the previous "
-                                     "checkpoint is intact") from None
+            raise WriteFailed(f"cannot write {self.url}/{relative}: {error.strerror or error}", field="output",
+                              hint=WRITE_HINT) from None
 
     def listdir(self, *parts: str) -> list[str]:
         folder = self.path(*parts)
@@ -125,14 +129,16 @@ class Storage:
             names.append(str(entry).rstrip("/").rsplit("/", 1)[-1])
         return names
 
-    def remove(self, *parts: str) -> None:
+    def remove(self, *parts: str, guarded: bool = True) -> None:
         target = self.path(*parts)
+        if guarded:
+            self.check()
         try:
             if self.fs.exists(target):
                 self.fs.rm(target, recursive=True)
         except OSError as error:
-            raise TunecastError(f"cannot remove {self.url}/{'/'.join(parts)}: {error.strerror or error}",
-                                field="output", hint="check the output storage's permissions") from None
+            raise WriteFailed(f"cannot remove {self.url}/{'/'.join(parts)}: {error.strerror or error}",
+                              field="output", hint="check the output storage's permissions") from None
 
     def remove_temporaries(self) -> list[str]:
         """Delete the half-written temporary files a killed writer left (local storage only: an object store
@@ -146,6 +152,17 @@ class Storage:
                     os.unlink(os.path.join(folder, name))
                     removed.append(os.path.relpath(os.path.join(folder, name), self.root))
         return removed
+
+
+WRITE_HINT = "free space on the output storage or check its permissions"
+
+
+class WriteFailed(TunecastError):
+    """The run's storage refused a write (full, read-only, unreachable). What was complete before stays so; the run
+    (run.py) says which checkpoint a new start resumes from."""
+
+    def with_hint(self, hint: str) -> WriteFailed:
+        return WriteFailed(self.message, field=self.field, hint=hint)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -345,7 +362,21 @@ class CheckpointStore:
         return sorted(found, reverse=True)
 
     def save(self, step: int, files: Mapping[str, bytes | Path], meta: Mapping[str, Any]) -> None:
-        write_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}", files, {"step": step, **meta})
+        try:
+            write_set(self.storage, f"{CHECKPOINTS}/{step_name(step)}", files, {"step": step, **meta})
+        except WriteFailed as failed:
+            raise failed.with_hint(f"{WRITE_HINT}; {self.recovery()}") from None
+
+    def recovery(self) -> str:
+        """What running the same command again does after a failed write: resume from the newest checkpoint whose
+        manifest was written (a manifest is written last, so its checkpoint was whole), or start over."""
+        try:
+            complete = [step for step in self.steps() if self.storage.exists(self.folder(step), MANIFEST)]
+        except Exception:  # the storage cannot even be read: nothing is known about what is there
+            return "then run the same command again"
+        if complete:
+            return f"the checkpoint of step {complete[0]} is intact: run the same command again to resume from it"
+        return "no checkpoint was written yet: the same command starts the run over"
 
     def folder(self, step: int) -> str:
         return f"{CHECKPOINTS}/{step_name(step)}"
@@ -361,7 +392,7 @@ class CheckpointStore:
             try:
                 manifest, files = self.load(step, keep=keep)
             except InvalidSet as problem:
-                skipped.append(Skipped(step_name(step), str(problem)))
+                skipped.append(Skipped(step_name(step), str(problem), self.storage.exists(self.folder(step), MANIFEST)))
                 continue
             return Loaded(step, manifest, files), skipped
         return None, skipped
@@ -392,109 +423,11 @@ class CheckpointStore:
         return removed
 
 
-class RunLock:
-    """One writer per run output. Local: an exclusive `flock`, released by the kernel when the process dies
-    (so a lock left by a killed run is taken over at once). Object storage: a lock object naming its holder,
-    refreshed while the run lives and taken over once stale, or at once when its holder is a dead process
-    on this machine."""
-
-    def __init__(self, storage: Storage) -> None:
-        self.storage = storage
-        self._handle: Any = None
-        self._refreshed = 0.0
-        self.took_over: str | None = None
-        self.fallback = False  # local storage that cannot flock: the lock file of object storage
-
-    def acquire(self) -> None:
-        if self.storage.local:
-            self._acquire_local()
-        else:
-            self._acquire_remote()
-
-    def _acquire_local(self) -> None:
-        import fcntl
-
-        os.makedirs(self.storage.root, exist_ok=True)
-        handle = open(self.storage.path(LOCK), "a+")  # noqa: SIM115 - held open for the run's lifetime
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in UNSUPPORTED:  # a bucket mounted with FUSE: a lock file, as on object storage
-                handle.close()
-                self.fallback = True
-                self._acquire_remote()
-                return
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise TunecastError(f"{self.storage.url} is in use by {holder}", field="output",
-                                hint="wait for that run to finish, stop it, or give this run another --output"
-                                ) from None
-        handle.seek(0)
-        previous = handle.read().strip()
-        if previous:
-            self.took_over = previous
-        handle.truncate(0)
-        handle.write(_holder())
-        handle.flush()
-        self._handle = handle
-
-    def _acquire_remote(self) -> None:
-        try:
-            holder = json.loads(self.storage.read(LOCK))
-        except (FileNotFoundError, ValueError):
-            holder = None
-        if holder is not None:
-            age = time.time() - float(holder.get("refreshed", 0))
-            same_host_dead = holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", 0)))
-            mine = holder.get("host") == socket.gethostname() and holder.get("pid") == os.getpid()
-            if not (mine or same_host_dead or age > REMOTE_LOCK_STALE_S):
-                raise TunecastError(
-                    f"{self.storage.url} is in use by pid {holder.get('pid')} on {holder.get('host')} "
-                    f"(lock refreshed {age:.0f} s ago)", field="output",
-                    hint=f"wait for that run; a lock not refreshed for {REMOTE_LOCK_STALE_S:.0f} s is taken over")
-            self.took_over = f"pid {holder.get('pid')} on {holder.get('host')}"
-        self.refresh(force=True)
-
-    def refresh(self, *, force: bool = False) -> None:
-        """Keep a remote lock fresh (cheap to call every step)."""
-        if (self.storage.local and not self.fallback) or (
-                not force and time.time() - self._refreshed < REMOTE_LOCK_REFRESH_S):
-            return
-        self._refreshed = time.time()
-        document = {"host": socket.gethostname(), "pid": os.getpid(), "refreshed": self._refreshed}
-        self.storage.write(LOCK, json.dumps(document).encode())
-
-    def release(self) -> None:
-        if self.storage.local and not self.fallback:
-            if self._handle is not None:
-                # an empty lock file says the last holder left cleanly; a name in it, that it was killed
-                self._handle.truncate(0)
-                self._handle.close()
-                self._handle = None
-        else:
-            with contextlib.suppress(OSError, TunecastError):
-                self.storage.remove(LOCK)
-
-
-def _holder() -> str:
-    return f"pid {os.getpid()} on {socket.gethostname()}"
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextlib.contextmanager
-def locked(storage: Storage) -> Iterator[RunLock]:
+def locked(storage: Storage) -> Iterator[Any]:
+    """The run's lock on `storage` (lock.py's RunLock), held inside the block."""
+    from tunecast.train.lock import RunLock  # lock.py builds on this module
+
     lock = RunLock(storage)
     lock.acquire()
     try:

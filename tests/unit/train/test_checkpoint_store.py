@@ -26,13 +26,13 @@ from typing import Any
 import pytest
 
 from tunecast.errors import TunecastError
+from tunecast.train import lock as run_lock
 from tunecast.train import store
+from tunecast.train.lock import REMOTE_LOCK_STALE_S, RunLock
 from tunecast.train.store import (
     MANIFEST,
-    REMOTE_LOCK_STALE_S,
     CheckpointStore,
     InvalidSet,
-    RunLock,
     Skipped,
     Storage,
     read_set,
@@ -327,7 +327,8 @@ def test_a_full_disk_during_save_is_a_user_error_and_the_previous_checkpoint_loa
     monkeypatch.undo()
 
     assert raised.value.field == "output"
-    assert "previous checkpoint is intact" in (raised.value.hint or "")
+    assert raised.value.hint == ("free space on the output storage or check its permissions; the checkpoint of step 1 "
+                                 "is intact: run the same command again to resume from it")
     loaded, skipped = checkpoints.newest_valid()
     assert loaded is not None
     assert (loaded.step, loaded.files) == (1, files_for(1))
@@ -390,7 +391,8 @@ def test_a_second_local_lock_is_refused_until_the_first_is_released(tmp_path: Pa
 
 HOLD_LOCK = textwrap.dedent("""
     import sys, time
-    from tunecast.train.store import RunLock, Storage
+    from tunecast.train.lock import RunLock
+    from tunecast.train.store import Storage
     lock = RunLock(Storage(sys.argv[1]))  # held by a name: a collected RunLock closes its file, and the lock
     lock.acquire()
     print("locked", flush=True)
@@ -490,7 +492,7 @@ def test_a_folder_that_cannot_flock_is_locked_by_a_lock_file(tmp_path: Path, mon
     first.acquire()
     holder = json.loads((tmp_path / "run" / store.LOCK).read_text())
     assert holder["pid"] == os.getpid() and holder["host"] == socket.gethostname()
-    monkeypatch.setattr(store, "_alive", lambda pid: True)
+    monkeypatch.setattr(run_lock, "_alive", lambda pid: True)
     monkeypatch.setattr(socket, "gethostname", lambda: "another-host")  # a live run of another node
     with pytest.raises(TunecastError, match="is in use by pid"):
         RunLock(Storage(url)).acquire()
@@ -512,3 +514,17 @@ def test_a_folder_that_cannot_fsync_still_takes_whole_files(tmp_path: Path, monk
     checkpoints.save(3, {"a.bin": b"abc"}, {})
     loaded, skipped = checkpoints.newest_valid()
     assert loaded is not None and loaded.files == {"a.bin": b"abc"} and skipped == []
+
+
+def test_the_s3_endpoint_comes_from_aws_endpoint_url(s3_url: str, s3_endpoint: str) -> None:
+    """docs/train.md: a process given AWS_ENDPOINT_URL (and no other setting) writes its s3:// output there."""
+    import fsspec
+    from tests.s3server import FAKE_AWS_ENV
+
+    writer = "import sys\nfrom tunecast.train.store import Storage\nStorage(sys.argv[1]).write('hello.txt', b'hello')\n"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}, **FAKE_AWS_ENV,
+           "AWS_ENDPOINT_URL": s3_endpoint}
+    subprocess.run([sys.executable, "-c", writer, s3_url], env=env, check=True, timeout=60)
+    fs = fsspec.filesystem("s3")
+    fs.invalidate_cache()
+    assert fs.cat(f"{s3_url.removeprefix('s3://')}/hello.txt") == b"hello"

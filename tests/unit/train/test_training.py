@@ -225,3 +225,14 @@ def test_lora_dropout_on_the_experts_of_an_moe_model_is_a_user_error() -> None:
         apply_adapters(model, AdapterSettings(8, 8, 0.05, "all-linear", False, ()))
     assert raised.value.problems[0].field == "lora.dropout" and "lora.dropout: 0" in (raised.value.hint or "")
     apply_adapters(AutoModelForCausalLM.from_config(config), AdapterSettings(8, 8, 0.0, "all-linear", False, ()))
+
+
+def test_held_out_examples_are_counted_as_examples_with_packing(cli, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With packing the 16 held-out examples fill fewer packed sequences: the run counts examples."""
+    config = tiny_run(tmp_path, packing=True, max_steps=2, **{"eval.examples": 16, "eval.every_steps": 2})
+    result = cli("train", str(config), "--no-memory-check")
+    assert result.code == 0, result.stderr[-3000:]
+    assert "16 held out" in " ".join(result.stderr.split())
+    evals = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "eval"]
+    assert [e["examples"] for e in evals] == [16]
