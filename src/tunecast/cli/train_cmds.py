@@ -112,11 +112,15 @@ class ConsoleReporter:
 
 def _quiet_libraries() -> None:
     """The libraries' own progress bars and deprecation notices are for their developers; the run's progress is
-    ours (stderr), and their real warnings (logging at error level) still show."""
+    ours (stderr), and their real warnings (logging at error level) still show. bitsandbytes warns as it is imported
+    on a CPU with AVX512-BF16 that an optional inference kernel (`pip install kernels`) is missing, which training and
+    merging never use (train/quantize.py turns that path off), so its logger is quieted before anything imports it."""
+    import logging
     import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()
@@ -235,12 +239,13 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
         raise TunecastError(f"gpus.count is {loaded.spec.gpus.count} but the launcher started {world.size} processes",
                             field="gpus.count", hint=f"set gpus.count (or --gpus) to {world.size}, or leave it out")
-    if world.main:  # a busy output or a model without weights: refused now, not after the libraries load
+    if world.main:  # no data, a busy output or a model without weights: refused now, not after the libraries load
         from tunecast.train.lock import probe_lock
-        from tunecast.train.preflight import check_weights
+        from tunecast.train.preflight import check_dataset, check_weights
         from tunecast.train.run import output_url
         from tunecast.train.store import Storage
 
+        check_dataset(loaded.spec)
         probe_lock(Storage(output_url(loaded.spec)))
         check_weights(loaded.spec, loaded.model, random_allowed=False)
     if not world.distributed and loaded.spec.gpus.count > 1:
@@ -344,6 +349,7 @@ def merge_command(
     `from_pretrained` loads without peft."""
     from tunecast.train.merge import merge_run
 
+    _quiet_libraries()
     with err.status("Merging…"):
         result = merge_run(run_dir, output, state(ctx).catalog())
     if json_output:

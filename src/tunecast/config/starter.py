@@ -31,11 +31,11 @@ def _section(model: type[BaseModel], values: dict[str, Any], indent: int) -> lis
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             out.append("")
-            out.extend(f"{pad}# {line}" for line in textwrap.wrap(description, 100 - indent))
+            out.extend(f"{pad}# {line}" for line in textwrap.wrap(description, 100 - indent, break_on_hyphens=False))
             out.append(f"{pad}{name}:")
             out.extend(_section(annotation, values.get(name, {}), indent + 2))
             continue
-        out.extend(f"{pad}# {line}" for line in textwrap.wrap(description, 100 - indent))
+        out.extend(f"{pad}# {line}" for line in textwrap.wrap(description, 100 - indent, break_on_hyphens=False))
         value = values.get(name)
         if value is None:
             example = field.examples[0] if field.examples else "…"

@@ -66,7 +66,8 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool, ran
             torch.manual_seed(spec.seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attention)
             why = "random_weights: true" if spec.random_weights else "a measuring run"
-            origin = f"random weights drawn from seed {spec.seed} ({why}; {resolved.path.name} has no weights beside it)"
+            origin = (f"random weights drawn from seed {spec.seed} ({why}; {resolved.path.name} has no weights "
+                      "beside it)")
             random_weights = True
     return BaseModel(model, origin, random_weights)
 

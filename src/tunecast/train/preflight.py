@@ -3,6 +3,7 @@
 Each of these would otherwise surface minutes later, after the data is tokenized and the memory estimate traced,
 as a library's exception deep inside loading:
 
+* a dataset file (a declared size plans a run but holds no examples);
 * `attention: flash` needs the flash-attn package and a CUDA GPU (transformers imports it when the model is built);
 * `precision: fp8` needs a CUDA GPU with FP8 tensor cores (compute capability 8.9: Ada, Hopper, Blackwell) and
   torchao's float8 training;
@@ -29,9 +30,18 @@ def check_run(spec: RunSpec, resolved: ModelConfig, *, cuda: bool, capability: t
     """Raise the first thing that stops `spec` from training here. `cuda`: a CUDA device is there (`capability`
     and `device_name` are its). `random_allowed`: random weights are accepted without random_weights (a measuring
     run)."""
+    check_dataset(spec)
     check_attention(spec, cuda=cuda)
     check_fp8(spec, cuda=cuda, capability=capability, device_name=device_name)
     check_weights(spec, resolved, random_allowed=random_allowed)
+
+
+def check_dataset(spec: RunSpec) -> None:
+    """A run trains on a file: a declared size (`dataset.examples`) plans a run but gives nothing to train on."""
+    if spec.dataset.path is None:
+        declared = " (a declared size plans a run, it has no examples to train on)" if spec.dataset.examples else ""
+        raise TunecastError(f"training needs a dataset file{declared}", field="dataset.path",
+                            hint="set dataset.path (or --dataset) to a JSONL, JSON, CSV or Parquet file")
 
 
 def check_attention(spec: RunSpec, *, cuda: bool) -> None:

@@ -165,9 +165,6 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     if not main:
         reporter = QuietReporter()
     flag.check()
-    if spec.dataset.path is None:
-        raise TunecastError("training needs a dataset file", field="dataset.path",
-                            hint="set dataset.path (or --dataset) to a JSONL, JSON, CSV or Parquet file")
     cuda = engine.device.type == "cuda"
     check_run(spec, resolved_model, cuda=cuda, capability=torch.cuda.get_device_capability(engine.device)
               if cuda else None, device_name=torch.cuda.get_device_name(engine.device) if cuda else "the CPU",
