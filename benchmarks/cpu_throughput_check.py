@@ -17,6 +17,7 @@ slow each other several-fold.
 
 Run:  .venv/bin/python benchmarks/cpu_throughput_check.py            (about 30 minutes on 2 cores)
       .venv/bin/python benchmarks/cpu_throughput_check.py --quick    (three cases)
+      .venv/bin/python benchmarks/cpu_throughput_check.py --tiny     (the shipped demo and 8 variations, 5 minutes)
       --only LABEL[,LABEL] picks cases; --write records the table in docs/validation/throughput.md.
 """
 
@@ -83,6 +84,23 @@ CASES = [
          {"method": "lora", "lora": LORA, "micro_batch": 8, "seq_len": 256, "packing": True}),
 ]
 QUICK = ("gpt2-lora-mb1-128-padded", "qwen2.5-0.5b-lora-mb2-512-padded", "llama-3.2-1b-full-mb2-128-padded")
+# The shipped demo (examples/tiny-lora.yaml: a 4-layer, 128-wide Llama, LoRA, micro-batch 4 × 2, its 40 sample
+# examples) and its variations, as a new user tries them: every operation of its step is small, so its time is the
+# operations' own cost, not their arithmetic (issue 29). Each is `tunecast train` of the example with `--set`s.
+TINY_EXAMPLE = REPO / "examples" / "tiny-lora.yaml"
+TINY_CASES: dict[str, tuple[str, ...]] = {
+    "tiny-lora": (),
+    "tiny-full": ("method=full",),
+    "tiny-lora-packed": ("packing=true",),
+    "tiny-full-packed": ("method=full", "packing=true"),
+    "tiny-lora-mb2": ("micro_batch=2", "grad_accum=4"),
+    "tiny-lora-mb8": ("micro_batch=8", "grad_accum=1"),
+    "tiny-full-mb8": ("method=full", "micro_batch=8", "grad_accum=1"),
+    "tiny-lora-seq128": ("seq_len=128",),
+    "tiny-lora-mb8-seq128-packed": ("micro_batch=8", "grad_accum=1", "seq_len=128", "packing=true"),
+}
+TINY_DOC = REPO / "docs" / "calibrate.md"
+TINY_MARK = "tiny-throughput"
 
 
 def shrunk_config(name: str, layers: int | None, folder: Path) -> Path:
@@ -181,7 +199,8 @@ def run_case(case: Case, scratch: Path, env: dict[str, str], reuse: bool = False
     examples = steps * micro_batch * (1 if not case.settings["packing"] else 3)
     make_data(data, examples, case.settings["seq_len"], seed=len(case.label))
     precision = "fp32" if case.settings["method"] != "qlora" else qlora_precision(scratch)
-    run = {"model": str(model), **case.settings, "precision": precision, "optimizer": "adamw", "grad_accum": 1,
+    run = {"model": str(model), "random_weights": True, **case.settings, "precision": precision, "optimizer": "adamw",
+           "grad_accum": 1,
            "grad_checkpointing": False, "max_steps": steps,
            "dataset": {"path": str(data), "tokenizer": str(TOKENIZER)}, "eval": {"examples": 0},
            "checkpoint": {"every_steps": 100_000}, "output": str(folder / "out")}
@@ -216,6 +235,60 @@ def _compare(case: Case, folder: Path, env: dict[str, str], started: float | Non
             "wall_s": time.monotonic() - started if started is not None else None}
 
 
+def run_tiny(label: str, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The demo example with the case's `--set`s: `tunecast train` it, then `tunecast plan --gpu local` it. The
+    measured speed is the run's real tokens over its steps' seconds, as `tunecast train` reports it at the end, less
+    the warm-up steps calibrate's own rule leaves out (train/steady.py): a packed epoch of the demo is one full
+    step and one short one, and only the run's whole time says what both cost together. The median step's speed and
+    its 95% interval are shown beside it."""
+    from tunecast.train.calibrate import measurement
+
+    sets = [item for value in TINY_CASES[label] for item in ("--set", value)]
+    output = scratch / label
+    if output.exists():
+        shutil.rmtree(output)
+    wait_for_quiet()
+    trained = subprocess.run([str(TUNECAST), "train", str(TINY_EXAMPLE), *sets, "--output", str(output)], env=env,
+                             capture_output=True, text=True, timeout=1800)
+    if trained.returncode != 0:
+        return {"label": label, "error": trained.stderr.strip().splitlines()[-1]}
+    planned = subprocess.run([str(TUNECAST), "plan", str(TINY_EXAMPLE), *sets, "--gpu", "local", "--json"], env=env,
+                             capture_output=True, text=True, timeout=900)
+    if planned.returncode != 0:
+        return {"label": label, "error": planned.stderr.strip().splitlines()[-1]}
+    option = json.loads(planned.stdout)["options"][0]
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    steady = measurement([r for r in records if r["kind"] == "train"])
+    return {"label": label, "settings": ", ".join(TINY_CASES[label]) or "as shipped",
+            "measured": steady["mean_tokens_per_second"], "median": steady["tokens_per_second"],
+            "relative_ci": steady["relative_ci"],
+            "whole": sum(r["tokens"] for r in records if r["kind"] == "train")
+            / sum(r["step_seconds"] for r in records if r["kind"] == "train"),
+            "predicted": option["tokens_per_second"], "micro_batch": option["micro_batch"],
+            "grad_accum": option["grad_accum"]}
+
+
+def tiny_table(results: list[dict[str, Any]], device: str) -> str:
+    lines = [f"Device: {device}.", "",
+             "| case | `--set` | micro-batch × accumulation | train tok/s, all steps | train tok/s after warm-up "
+             "| median step (±95% CI) | predicted tok/s | error |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    errors = []
+    for r in results:
+        if "error" in r:
+            lines.append(f"| `{r['label']}` | — | — | failed: {r['error']} | | | | | |")
+            continue
+        error = r["predicted"] / r["measured"] - 1
+        errors.append(error)
+        lines.append(f"| `{r['label']}` | {r['settings']} | {r['micro_batch']} × {r['grad_accum']} | "
+                     f"{r['whole']:,.0f} | {r['measured']:,.0f} | {r['median']:,.0f} (±{r['relative_ci']:.0%}) | "
+                     f"{r['predicted']:,.0f} | {error:+.0%} |")
+    if errors:
+        lines += ["", f"Within ±25%: **{sum(abs(e) <= 0.25 for e in errors)} of {len(errors)}**; median absolute "
+                  f"error {statistics.median(abs(e) for e in errors):.0%} (largest {max(abs(e) for e in errors):.0%}; "
+                  f"median signed {statistics.median(errors):+.0%})."]
+    return "\n".join(lines)
+
+
 def table(results: list[dict[str, Any]], device: str) -> str:
     lines = [f"Device: {device}.", "",
              "| case | model (layers) | method, precision | micro-batch × length | data | measured tok/s "
@@ -241,6 +314,10 @@ def table(results: list[dict[str, Any]], device: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="three cases")
+    parser.add_argument("--tiny", action="store_true",
+                        help="the shipped demo example and its variations instead (table in docs/calibrate.md)")
+    parser.add_argument("--threads", type=int,
+                        help="torch's threads for the probe and every run (OMP_NUM_THREADS); default: torch's own")
     parser.add_argument("--only", help="comma-separated case labels")
     parser.add_argument("--write", action="store_true", help="record the table in docs/validation/throughput.md")
     parser.add_argument("--keep", type=Path, help="work in this folder and keep it (runs, metrics, the probe)")
@@ -255,8 +332,12 @@ def main() -> int:
         scratch.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **ENV, "TUNECAST_CATALOG": str(scratch / "catalog"),
                "TUNECAST_CACHE": os.environ.get("TUNECAST_CACHE", str(scratch / "cache"))}
+        if args.threads:
+            env.update({"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)})
+        if args.tiny:  # the demo as a new user runs it: MKL choosing its threads by the size of each product
+            env.pop("MKL_DYNAMIC", None)
         reuse = args.reuse and args.keep is not None
-        if not reuse:
+        if not reuse and not args.tiny:  # the demo's runs stay within memory the machine has used already
             print(f"touched the free memory once in {touch_free_memory():.0f} s", file=sys.stderr)
         if reuse and (scratch / "catalog" / "devices.csv").is_file():
             with (scratch / "catalog" / "devices.csv").open() as handle:
@@ -267,6 +348,17 @@ def main() -> int:
                                     timeout=300, check=True)
             device = json.loads(probed.stdout)["device"]["name"]
         print(f"probed {device}", file=sys.stderr)
+        if args.tiny:
+            tiny = [run_tiny(label, scratch, env) for label in TINY_CASES
+                    if not args.only or label in args.only.split(",")]
+            threads = f", {args.threads} thread(s)" if args.threads else ""
+            text = tiny_table(tiny, device + threads)
+            print(text)
+            if args.write:
+                flags = f" --threads {args.threads}" if args.threads else ""
+                how = f"Reproduce with `.venv/bin/python benchmarks/cpu_throughput_check.py --tiny{flags} --write`."
+                write_section(TINY_DOC, TINY_MARK, how + "\n\n" + text)
+            return 0
         results = []
         for case in chosen:
             result = run_case(case, scratch, env, reuse)

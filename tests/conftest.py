@@ -3,10 +3,13 @@ catalog never changes a result, and calls the real entry point (`tunecast.cli.ma
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,14 @@ REPO = Path(__file__).resolve().parent.parent
 # No warm server (tunecast/cli/warm.py) for the suite's commands: each test's runs are its own processes, and no
 # server outlives the suite. tests/integration/test_warm.py turns it on for its own.
 os.environ["TUNECAST_WARM"] = "0"
+# A user catalog and cache of the suite's own, set before any fixture runs: module- and session-scoped fixtures
+# (and the processes they start) never read the developer's ~/.local/share/tunecast, whose measurements would
+# change results, or whose rows from another tunecast version would be refused. `isolated_home` gives each test
+# an empty one of its own on top.
+_SUITE_HOME = Path(tempfile.mkdtemp(prefix="tunecast-suite-"))
+atexit.register(shutil.rmtree, _SUITE_HOME, ignore_errors=True)
+os.environ["TUNECAST_CATALOG"] = str(_SUITE_HOME / "catalog")
+os.environ["TUNECAST_CACHE"] = str(_SUITE_HOME / "cache")
 
 
 @pytest.fixture(autouse=True)

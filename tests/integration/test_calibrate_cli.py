@@ -35,10 +35,16 @@ def _reuse_probe(measured: probe.ProbeResult, monkeypatch: pytest.MonkeyPatch, s
 def test_the_probe_measures_what_the_throughput_model_needs(measured: probe.ProbeResult) -> None:
     quantities = {row.quantity for row in measured.measurements}
     assert {"matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth", "random",
-            "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
+            "elementwise", "op_overhead", "optimizer", "optimizer_tensor"} <= quantities
     assert measured.device.kind == "cpu" and measured.device.count == 1 and measured.seconds < PROBE_S_LIMIT
     fp32 = {row.shape: row.value for row in measured.measurements if row.quantity == "matmul" and row.dtype == "fp32"}
     assert fp32["16x512x512"] < max(fp32.values())  # a handful of tokens is slower per FLOP than many
+    # a small model's shapes are timed at their size: a LoRA adapter's, a 128-wide layer's, a small attention call
+    assert {"16x128x8", "1024x128x8", "16x128x128", "1024x128x128"} <= set(fp32)
+    attention = {row.shape for row in measured.measurements if row.quantity == "attention" and row.dtype == "fp32"}
+    assert attention == {"x".join(map(str, shape)) for shape in probe.SHAPES["cpu"].attention}
+    sizes = {row.shape for row in measured.measurements if row.quantity == "elementwise" and row.dtype == "fp32"}
+    assert sizes == {str(size) for size in probe.ELEMENTWISE_SIZES}
     overhead = {row.shape: row.value for row in measured.measurements if row.quantity == "op_overhead"}
     assert 0 < overhead["full"] < 10_000 and 0 < overhead["lora"] < 10_000  # microseconds
 
@@ -59,18 +65,24 @@ def test_probe_saves_a_device_that_plan_and_memory_use_as_local(cli, isolated_ho
 
 
 def test_calibrate_measures_extrapolates_and_the_plan_uses_it(cli, isolated_home: Path, tmp_path: Path) -> None:
-    config = tiny_run(tmp_path, eval={"examples": 4, "every_steps": 5}, max_steps=None, epochs=2)
+    # a 12-step run of 2 epochs' data: the whole run is its 12 steps, not the epochs'
+    config = tiny_run(tmp_path, eval={"examples": 4, "every_steps": 5}, max_steps=12)
     target = tmp_path / "calibration.json"
-    result = cli("calibrate", str(config), "--steps", "4", "-o", str(target))
+    result = cli("calibrate", str(config), "--steps", "8", "-o", str(target))
     assert result.code == 0, result.stderr
     document: dict[str, Any] = json.loads(target.read_text())
-    measured, predicted = document["measured"], document["predicted"]
-    assert measured["steps"] == 4 and measured["warmup_steps_excluded"] == 2
-    assert measured["tokens_per_second"] > 0 and measured["growth_gib"] > 0
+    measured, predicted, whole = document["measured"], document["predicted"], document["whole_run"]
+    assert measured["steps_measured"] <= 8 and measured["warmup_steps_excluded"] >= 2
+    ran = measured["steps_measured"] + measured["warmup_steps_excluded"]
+    assert len(measured["each_step"]["seconds"]) == ran
+    assert measured["ci_low"] <= measured["tokens_per_second"] <= measured["ci_high"]
+    assert measured["relative_ci"] > 0 and isinstance(measured["stable"], bool) and measured["stop_reason"]
+    assert measured["growth_gib"] > 0 and measured["eval_seconds"] > 0 and measured["checkpoint_seconds"] > 0
     assert predicted["tokens_per_second"] > 0 and document["config"]["resolved"]["micro_batch"] == 2
-    assert document["whole_run"]["hours"] == pytest.approx(
-        predicted["processed_tokens"] / measured["tokens_per_second"] / 3600 + document["whole_run"]["eval_hours"])
-    assert "tokens/s" in result.stdout and "whole run" in result.stdout
+    assert whole["steps"] == 12 and whole["evaluations"] == 3 and whole["checkpoints"] == 6  # every 2 steps
+    assert whole["tokens"] == pytest.approx(predicted["processed_tokens"])
+    assert whole["hours"] == pytest.approx(whole["train_hours"] + whole["eval_hours"] + whole["checkpoint_hours"])
+    assert "tokens/s" in result.stdout and "whole run (12 steps" in result.stdout and "interval" in result.stdout
     assert not (tmp_path / "out").exists()  # nothing left behind: no checkpoints, no final model
 
     plan = cli("plan", str(config), "--calibration", str(target), "--gpu", "h100", "--json")
@@ -98,6 +110,12 @@ def test_an_interrupted_calibration_writes_nothing(cli, tmp_path: Path, monkeypa
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of the measured steps
 
     monkeypatch.setattr(train_cmds.ConsoleReporter, "step", interrupt)
-    result = cli("calibrate", str(config), "--steps", "6", "-o", str(target))
+    result = cli("calibrate", str(config), "--steps", "20", "-o", str(target))
     assert result.code == 130 and "nothing written" in result.stderr
     assert not target.exists() and not list(tmp_path.glob("*.tmp*"))
+
+
+def test_local_before_any_probe_says_to_probe(cli, isolated_home: Path) -> None:
+    planned = cli("plan", str(tiny_run(isolated_home)), "--gpu", "local")
+    assert planned.code == 2 and "unknown GPU 'local'" in planned.stderr
+    assert "run `tunecast probe` first" in planned.stderr

@@ -9,8 +9,11 @@ Two files in the user's catalog directory, in the shape of the bundled CSV files
 The quantities (the probe's docstring says how each is measured):
 
 * `matmul` (TFLOPS) of an (M × K) @ (K × N) product, shape `MxKxN`, per dtype;
-* `attention` (TFLOPS) of causal scaled-dot-product attention forward + backward, shape `BxHxSxD`;
+* `attention` (TFLOPS) of causal scaled-dot-product attention forward + backward, shape `BxHxSxD` (small to
+  large shapes: the rate of a call is interpolated by its work);
 * `bandwidth` (GB/s) of a copy of `N` MiB (bytes read + bytes written);
+* `elementwise` (µs per operation) of an eager `torch.add` of two tensors into a new one, shape the number of
+  values (a CPU; a thousand to a million), per dtype;
 * `random` (ns per element) of drawing dropout's random mask;
 * `transcendental` (GB/s written) of exp/log/erf-like elementwise operations (GELU, softmax, log-softmax), per
   dtype: on a CPU their arithmetic, not memory, sets their pace;
@@ -47,8 +50,8 @@ LOCAL = "local"
 # `first_touch` (a CPU's cost of faulting fresh pages in) was measured by probes before the runner kept freed
 # memory on a CPU (train/host_memory.py); rows of it in a user's catalog still load, and nothing reads them.
 Quantity = Literal["matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth",
-                   "random", "transcendental", "first_touch", "op_overhead", "optimizer", "optimizer_tensor",
-                   "bnb_4bit_call", "bnb_4bit_dequantize"]
+                   "elementwise", "random", "transcendental", "first_touch", "op_overhead", "optimizer",
+                   "optimizer_tensor", "bnb_4bit_call", "bnb_4bit_dequantize"]
 # A Linear layer's three products: x·Wᵀ forward, g·W for the input gradient, gᵀ·x for the weight gradient.
 PRODUCTS = ("forward", "input_grad", "weight_grad")
 
@@ -88,6 +91,7 @@ class MatmulPoint:
     tokens: int
     width: float  # √(K·N): the weight's size, the dimension that sets efficiency besides M
     tflops: float
+    aspect: float = 1.0  # √(K·N) ÷ min(K, N): 1 for a square weight, 4 for a 128 × 8 adapter or a 1024 × 16384 head
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,7 @@ class DeviceFigures:
         for row in self.rows:
             if row.quantity == quantity and row.dtype == dtype:
                 m, k, n = (int(part) for part in row.shape.split("x"))
-                points.append(MatmulPoint(m, math.sqrt(k * n), row.value))
+                points.append(MatmulPoint(m, math.sqrt(k * n), row.value, math.sqrt(k * n) / min(k, n)))
         return points
 
     def dtypes(self, quantity: str = "matmul") -> set[str]:
@@ -121,16 +125,68 @@ class DeviceFigures:
                       product: str | None = None) -> float | None:
         """Measured rate of a (tokens × inputs) @ (inputs × outputs) product: interpolated in log(tokens) and
         log(width) between the probed shapes, held at the nearest probed shape beyond them. `product` (one of
-        PRODUCTS) asks for that product's own rate where the probe timed it; None, the three together."""
+        PRODUCTS) asks for that product's own rate where the probe timed it; None, the three together.
+
+        The width is √(K·N), but no more than the probed shapes' largest aspect times the weight's narrow side: a
+        narrower weight (a LoRA adapter: 352 × 8 is no 53-wide square, its 8 columns set its rate) is placed as the
+        probed shape of its narrow side would be."""
         points = self._points(f"matmul_{product}", dtype) if product else []
         points = points or self._points("matmul", dtype)
         if not points:
             return None
-        return _interpolate(points, tokens, math.sqrt(inputs * outputs))
+        aspect = max(point.aspect for point in points)
+        return _interpolate(points, tokens, min(math.sqrt(inputs * outputs), aspect * min(inputs, outputs)))
 
-    def attention_tflops(self, dtype: str) -> float | None:
-        rates = [row.value for row in self.rows if row.quantity == "attention" and row.dtype == dtype]
-        return max(rates) if rates else None
+    def elementwise_seconds(self, dtype: str, moved_bytes: float) -> float | None:
+        """Seconds an eager elementwise operation moving `moved_bytes` takes beyond the smallest one probed (whose
+        cost the host overhead per operation holds): the probed `torch.add` of as many bytes (three tensors),
+        interpolated in log-log between the probed sizes, growing with the bytes beyond the largest. None when
+        the probe timed none in this dtype."""
+        element = {"fp32": 4, "bf16": 2, "fp16": 2}.get(dtype, 4)
+        points = sorted((3.0 * element * int(row.shape), row.value * 1e-6) for row in self.rows
+                        if row.quantity == "elementwise" and row.dtype == dtype)
+        if len(points) < 2:
+            return None
+        smallest = points[0][1]
+        if moved_bytes <= points[0][0]:
+            return 0.0
+        if moved_bytes >= points[-1][0]:
+            return max(0.0, points[-1][1] * moved_bytes / points[-1][0] - smallest)
+        for (b0, t0), (b1, t1) in itertools.pairwise(points):
+            if b0 <= moved_bytes <= b1:
+                share = (math.log(moved_bytes) - math.log(b0)) / (math.log(b1) - math.log(b0))
+                return max(0.0, math.exp(math.log(t0) + (math.log(t1) - math.log(t0)) * share) - smallest)
+        raise AssertionError("unreachable: moved_bytes lies within the points")
+
+    def attention_tflops(self, dtype: str, flops: float | None = None) -> float | None:
+        """Measured rate of causal attention (forward and backward) of `flops` FLOPs a call: interpolated in
+        log(FLOPs) between the probed shapes, held beyond the largest; below the smallest, falling as it falls
+        between the two smallest (a call's fixed costs weigh more the less it computes); the best probed rate
+        when `flops` is not given."""
+        points = sorted((_attention_flops(row.shape), row.value) for row in self.rows
+                        if row.quantity == "attention" and row.dtype == dtype)
+        if not points:
+            return None
+        if flops is None:
+            return max(rate for _, rate in points)
+        if flops <= points[0][0]:
+            if len(points) < 2 or points[1][1] <= points[0][1] or points[1][0] <= points[0][0]:
+                return points[0][1]
+            slope = math.log(points[1][1] / points[0][1]) / math.log(points[1][0] / points[0][0])
+            return float(points[0][1] * (flops / points[0][0]) ** slope)
+        if flops >= points[-1][0]:
+            return points[-1][1]
+        for (f0, r0), (f1, r1) in itertools.pairwise(points):
+            if f0 <= flops <= f1:
+                share = (math.log(flops) - math.log(f0)) / (math.log(f1) - math.log(f0)) if f1 > f0 else 0.0
+                return r0 + (r1 - r0) * share
+        raise AssertionError("unreachable: flops lies within the points")
+
+
+def _attention_flops(shape: str) -> float:
+    """FLOPs of one probed attention call, shape `BxHxSxD`: 7·B·H·S²·D (forward and backward, causal)."""
+    batch, heads, seq, size = (int(part) for part in shape.split("x"))
+    return 7.0 * batch * heads * seq * seq * size
 
 
 def _interpolate(points: list[MatmulPoint], tokens: float, width: float) -> float:

@@ -117,6 +117,9 @@ class GpuIndex:
         raise TunecastError(f"unknown GPU {name!r}", field=field, hint=self.unknown_hint(name))
 
     def unknown_hint(self, name: str) -> str:
+        if name.strip().lower() == "local":  # catalog/devices.py LOCAL: the device `tunecast probe` saves
+            return ("'local' is this machine's device once measured: run `tunecast probe` first (with the same "
+                    "--catalog, if you give one)")
         names = [*self._by_slug, *(alias for gpu in self._by_slug.values() for alias in gpu.aliases)]
         close = did_you_mean(name, names, n=5, cutoff=0.5)
         slugs = list(dict.fromkeys(self.get_slug(c) for c in close))

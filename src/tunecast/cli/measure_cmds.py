@@ -74,10 +74,14 @@ def calibrate_command(
     ctx: typer.Context,
     config: Annotated[Path | None, typer.Argument(help="The run config (YAML). Optional when --model is given.")]
     = None,
-    steps: Annotated[int | None, typer.Option("--steps", help="Measured steps (warm-up steps are added and left "
-                                              "out). Default 20.")] = None,
-    minutes: Annotated[float | None, typer.Option("--minutes", help="Measure for this long instead of --steps.")]
+    seconds: Annotated[float | None, typer.Option("--seconds", help="Time budget of the measured steps: measuring "
+                                                  "stops when the speed is steady or this runs out. Default 120.")]
     = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Measured steps at most (warm-up steps are added and "
+                                              "left out); measuring stops sooner once the speed is steady. "
+                                              "Default 300.")] = None,
+    minutes: Annotated[float | None, typer.Option("--minutes", hidden=True, help="The time budget in minutes "
+                                                  "(--seconds).")] = None,
     output: Annotated[str | None, typer.Option("--output", "-o", help="Where calibration.json goes (a path or a "
                                                "storage URL). Default: the run's output directory (set it with "
                                                "--set output=DIR).")] = None,
@@ -85,11 +89,15 @@ def calibrate_command(
     *,
     spec_args: SpecArgs,
 ) -> int:
-    """Train briefly on a slice of the data with the real loop, on this device; measure tokens/s and memory;
-    write calibration.json with the plan's prediction next to it and the whole run extrapolated. Use it with
-    `tunecast plan CONFIG --calibration calibration.json`. Nothing else is left behind."""
+    """Train briefly on a slice of the data with the real loop, on this device, until its speed is steady (the
+    95% interval of the median tokens/s within ±5%) or the time budget runs out; measure tokens/s, an evaluation,
+    a checkpoint write and memory; write calibration.json with the plan's prediction next to it and the whole run
+    projected. Use it with `tunecast plan CONFIG --calibration calibration.json`. Nothing else is left behind."""
     from tunecast.train.signals import PROCESS_FLAG, Preempted
 
+    if minutes is not None and seconds is not None:
+        raise TunecastError("--seconds and --minutes both set", field="--minutes",
+                            hint="give the time budget once, in seconds: --seconds")
     loaded = load_from_cli(ctx, config, spec_args)
     print_problems(list(loaded.warnings))
     installed_here = not PROCESS_FLAG.installed
@@ -103,7 +111,8 @@ def calibrate_command(
         from tunecast.train.calibrate import CALIBRATION_FILE, CalibrationRequest, run_calibration, write_calibration
         from tunecast.train.run import output_url
 
-        request = CalibrationRequest(steps=steps, minutes=minutes, allow_download=spec_args.allow_download)
+        budget = minutes * 60 if minutes is not None else seconds
+        request = CalibrationRequest(steps=steps, seconds=budget, allow_download=spec_args.allow_download)
         status = err.status("Probing the device…")
 
         def progress(what: str) -> None:
@@ -137,19 +146,29 @@ def calibrate_command(
 
 
 def describe_calibration(document: dict[str, Any]) -> list[str]:
-    """The calibration in plain words."""
+    """The calibration in plain words: what was measured and how sure it is, the whole run, the plan's error."""
     measured, predicted, whole = document["measured"], document["predicted"], document["whole_run"]
     device = document["device"]
     examples = measured["examples_per_second"] * measured["seconds"]
     error = document["error"]["tokens_per_second"]
+    sure = (f"[green]steady[/]: the {measured['confidence']:.0%} interval of the median is "
+            f"{measured['ci_low']:,.0f}–{measured['ci_high']:,.0f} tokens/s (±{measured['relative_ci']:.1%})"
+            if measured["stable"] else
+            f"[yellow]not steady[/] ({escape(measured['why_not_stable'])}): the {measured['confidence']:.0%} "
+            f"interval of the median is {measured['ci_low']:,.0f}–{measured['ci_high']:,.0f} tokens/s "
+            f"(±{measured['relative_ci']:.1%}); measure longer (--seconds) on a quieter machine to be surer")
     lines = [
-        f"On {escape(device['name'])}: {measured['steps']} steps measured ({measured['warmup_steps_excluded']} "
-        f"warm-up steps left out) — about {examples:,.0f} examples ({measured['tokens']:,} tokens) in "
-        f"{_hours(measured['seconds'] / 3600)}: [bold]{measured['tokens_per_second']:,.0f} tokens/s[/] "
-        f"({measured['examples_per_second']:,.2f} examples/s; {measured['padded_tokens_per_second']:,.0f} tokens/s "
-        "with padding).",
-        f"The whole run ({whole['tokens']:,.0f} tokens) would take [bold]{_hours(whole['hours'])}[/] on this device"
-        + (f" and cost [bold]{format_usd(whole['cost_usd'])}[/] at {format_usd(whole['usd_per_hour'])}/h."
+        f"On {escape(device['name'])}: {measured['steps_measured']} steps measured "
+        f"({measured['warmup_steps_excluded']} warm-up steps left out; stopped at {escape(measured['stop_reason'])}) "
+        f"— about {examples:,.0f} examples ({measured['tokens']:,} tokens) in {_hours(measured['seconds'] / 3600)}: "
+        f"median [bold]{measured['tokens_per_second']:,.0f} tokens/s[/] ({measured['examples_per_second']:,.2f} "
+        f"examples/s; {measured['padded_tokens_per_second']:,.0f} tokens/s with padding; half the steps between "
+        f"{measured['iqr_low']:,.0f} and {measured['iqr_high']:,.0f}).",
+        sure[0].upper() + sure[1:] + ".",
+        f"The whole run ({whole['steps']:,} steps, {whole['tokens']:,.0f} tokens, {whole['evaluations']} "
+        f"evaluation(s), {whole['checkpoints']} checkpoint(s)) would take [bold]{_hours(whole['hours'])}[/] on this "
+        f"device at {whole['tokens_per_second']:,.0f} tokens/s, warm-up included"
+        + (f", and cost [bold]{format_usd(whole['cost_usd'])}[/] at {format_usd(whole['usd_per_hour'])}/h."
            if whole["usd_per_hour"] else " (no price set: pricing.usd_per_hour or --usd-per-hour)."),
         f"The plan predicted {predicted['tokens_per_second']:,.0f} tokens/s: {abs(error):.0%} "
         f"{'too fast' if error > 0 else 'too slow'} ({_hours(whole['predicted_hours'])} predicted).",

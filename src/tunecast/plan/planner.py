@@ -340,15 +340,17 @@ class Planner:
             else:
                 basis = "calibrated"
                 step = calibration.corrected(step)
-        tokens_per_second = count * step.tokens_per_step * real / step.total_s
         steps = optimizer_steps(self.workload, self.global_batch(), spec.max_steps)
+        train_s = train_seconds(self.workload, step, micro_batch * count, grad_accum, steps)
+        tokens = self.workload.processed_tokens * self.workload.length(self.global_batch(), spec.max_steps).passes
+        tokens_per_second = tokens / train_s if train_s > 0 else 0.0
         eval_s = self._eval_seconds(spec, pair, gpu, count, micro_batch, sequence, steps)
         notes = []
         if checkpointing and not self.spec.fixed("grad_checkpointing"):
             notes.append("gradient checkpointing needed to fit")
         if basis != "predicted":
             eval_s *= step.total_s / predicted_total
-        hours = (steps * step.total_s + eval_s) / SECONDS_PER_HOUR
+        hours = (train_s + eval_s) / SECONDS_PER_HOUR
         return Configuration(gpu, count, spec, micro_batch, grad_accum, checkpointing, memory, step,
                              tokens_per_second, hours, eval_s / SECONDS_PER_HOUR, changes, notes, basis)
 
@@ -476,6 +478,33 @@ def device_counts(gpu: Gpu, counts: list[int]) -> list[int]:
     if from_probe(gpu):
         return [gpu.measured.device.count]
     return counts
+
+
+def train_seconds(workload: Workload, step: StepTime, round_sequences: int, grad_accum: int, steps: int) -> float:
+    """Seconds of the run's `steps` optimizer steps, an epoch's last step as short as the data leaves it.
+
+    An epoch of S sequences (packed ones: a fraction, the last sequence short) at G = `round_sequences` ×
+    `grad_accum` a step is ⌊S/G⌋ full steps and, when G does not divide S, one more with what is left: fewer
+    micro-batch rounds, the last of them partly filled. Such a step pays the optimizer, the communication and
+    each round's dispatch in full (a round costs the host the same operations whatever it holds) and the
+    computation in proportion to the sequences it holds. A small dataset's epochs are few steps each (the
+    demo's packed epoch: one full step and one of a tenth), and a plan that counted every step full
+    overestimated the run's time and its speed alike. Steps past the last whole epoch are full ones."""
+    full_s = step.total_s
+    batch = round_sequences * grad_accum
+    sequences = workload.sequences()
+    whole_steps = math.floor(sequences / batch + 1e-9)
+    left = sequences - whole_steps * batch
+    if left <= 1e-9 * batch:
+        return steps * full_s
+    rounds = math.ceil(left / round_sequences - 1e-9)
+    filled = rounds - 1 + (left - (rounds - 1) * round_sequences) / round_sequences  # in full rounds' work
+    per_round_fixed = step.dispatch_s / grad_accum
+    per_round_work = (step.compute_s + step.dequantize_s + step.offload_s) / grad_accum
+    last_s = step.optimizer_s + step.communication_s + rounds * per_round_fixed + filled * per_round_work
+    per_epoch = whole_steps + 1
+    epochs, extra = divmod(steps, per_epoch)
+    return epochs * (whole_steps * full_s + last_s) + extra * full_s
 
 
 def scale_step(step: StepTime, factor: float) -> StepTime:

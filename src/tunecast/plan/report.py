@@ -27,7 +27,7 @@ from tunecast.plan.planner import Estimates, Option, Planner, mark_pareto, rank
 from tunecast.plan.workload import workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
-PLAN_FORMAT = 10
+PLAN_FORMAT = 11
 
 
 @dataclass(frozen=True)

@@ -168,10 +168,28 @@ class _Rates:
                                             bytes_per_s=self.bandwidth, element=self.element, backward=backward)
         return pair.layers * layer_s + head_s, pair.layers * layer_flops + head_flops
 
+    def attention_seconds(self, flops: float, layers: int) -> float:
+        """Attention kernels of `flops` FLOPs over `layers` layers: at the rate the probe measured for one layer's
+        call of that work, where it did (a small call reaches a fraction of a large one's rate), else at the
+        attention efficiency."""
+        if self.figures is not None and flops > 0:
+            rate = self.figures.attention_tflops(self.dtype, flops / max(1, layers))
+            if rate is not None:
+                return flops / (rate * 1e12)
+        return flops / self.attention
+
     def elementwise_seconds(self, work: dict[str, float]) -> float:
-        """Memory-bound operations: the bytes their kernels read and write, at the bandwidth; where the probe
-        measured them, exp/log/erf-like operations at their own (arithmetic-bound) rate, if slower."""
+        """Memory-bound operations: the bytes their kernels read and write, at the bandwidth — or, where the probe
+        timed eager operations by size (a CPU), each of the step's operations at what one of its mean size costs
+        beyond the smallest, if more (a small model's operations: started and joined over the cores, or run on
+        one); where the probe measured them, exp/log/erf-like operations at their own (arithmetic-bound) rate,
+        if slower."""
         plain = work["moved_bytes"] / self.bandwidth
+        kernels = work.get("kernels", 0.0)
+        if self.figures is not None and kernels > 0:
+            per_operation = self.figures.elementwise_seconds(self.dtype, work["moved_bytes"] / kernels)
+            if per_operation is not None:
+                plain = max(plain, kernels * per_operation)
         if not self.transcendental:
             return plain
         special = work.get("transcendental_bytes", 0.0)
@@ -206,7 +224,8 @@ def forward_seconds(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: Throu
     rates = _Rates.of(spec, gpu, constants)
     linear_s, _ = rates.linears(pair, micro_batch * seq, passes=1, backward=False)
     work = _work(pair, micro_batch, seq)
-    seconds = linear_s + FORWARD_SHARE * (work["attention"] / rates.attention + rates.elementwise_seconds(work))
+    seconds = linear_s + FORWARD_SHARE * (rates.attention_seconds(work["attention"], pair.layers)
+                                          + rates.elementwise_seconds(work))
     if spec.method == "qlora":
         seconds += dequantize_seconds(pair, rates, passes=1)
     return seconds + rates.host_seconds(FORWARD_SHARE * work["kernels"], seconds)
@@ -243,7 +262,7 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     linear_s, linear_flops = rates.linears(pair, tokens, passes)
     work = _work(pair, micro_batch, seq)
     other_flops = max(0.0, work["matmul"] - linear_flops)
-    compute_s = (linear_s + other_flops / rates.bf16 + work["attention"] / rates.attention
+    compute_s = (linear_s + other_flops / rates.bf16 + rates.attention_seconds(work["attention"], pair.layers)
                  + rates.elementwise_seconds(work) + work["random_elements"] * rates.random_s)
 
     dequantize_s = dequantize_seconds(pair, rates, passes=passes + 1) if spec.method == "qlora" else 0.0

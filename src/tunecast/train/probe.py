@@ -1,19 +1,29 @@
 """The device probe: in under a minute, what the throughput model needs to know about the device at hand.
 
-What is measured, and how (each figure the median of several timed rounds after a warm-up call; on CUDA
-between `synchronize()` calls, so the time is the device's; on a CPU with freed memory kept for reuse, as the
-runner keeps it, so that no figure includes the kernel faulting fresh pages in):
+What is measured, and how (each figure the median of several short timed rounds after a warm-up call: on a
+machine shared with other processes a round that lost its cores is slower, and the median ignores up to half of
+them, while it stays what a training step meets; on CUDA between `synchronize()` calls, so the time is the
+device's; on a CPU with freed memory kept for reuse, as the runner keeps it, so that no figure includes the kernel
+faulting fresh pages in):
 
 * matmul rates: the three products of a Linear layer's training step — forward (x @ Wᵀ), the input's
   gradient (g @ W) and the weight's gradient (gᵀ @ x) — for M tokens and a K × N weight, counted as
-  2·M·K·N FLOPs each, at small and large token counts and three weight shapes (two square, one as wide as an
-  output head), their operands out of cache as in a training step, in every dtype a run computes
-  in on that device (fp32 and bf16; fp16 too on CUDA). The throughput model interpolates between them, so
-  small micro-batches and narrow layers get the rate they really reach;
+  2·M·K·N FLOPs each, at small and large token counts and several weight shapes (square ones from a small
+  model's width to a large one's, one as wide as an output head, and on a CPU one as narrow as a LoRA adapter of
+  rank 8), their operands out of cache as in a training step, in every dtype a run computes in on that device
+  (fp32 and bf16; fp16 too on CUDA). The throughput model interpolates between them (by √(K·N)), so small
+  micro-batches and narrow layers get the rate they really reach: a CPU library runs a small product on one core
+  and a narrow one at a fraction of a square one's rate, which a large product does not show;
 * attention: causal scaled-dot-product attention, forward and backward, counted as the tracer counts it
-  (7·B·H·S²·D FLOPs: torch's formulas, halved for the causal mask);
+  (7·B·H·S²·D FLOPs: torch's formulas, halved for the causal mask), from a small model's shape to a large
+  one's: the model interpolates by the work of one call;
 * memory bandwidth: a copy of a tensor that fits the last-level cache and of one that does not
   (bytes read + bytes written per second);
+* an eager elementwise operation by size (a CPU): `torch.add` of two tensors into a new one, from a thousand
+  values to a million, the time of one call. A small model's step is thousands of such calls on tensors of a
+  few ten thousand values: what each costs beyond the smallest (whose cost the host overhead below already
+  holds) is not its bytes at the bandwidth of a large copy: past a size torch splits it over the cores, paying
+  to start and join them, and below that it runs on one;
 * host overhead per operation: a training step (forward and backward) of a model so small that no kernel
   takes measurable time — a 2-layer Llama of width 64, fully trained, and with LoRA adapters through peft
   (hooks, dropout, casts and all) — divided by the number of operations the tracer counts in that step.
@@ -47,8 +57,12 @@ from tunecast.train.host_memory import keep_freed_memory
 from tunecast.units import BYTES_PER_GIB
 
 MIB = 2**20
-ROUND_S = {"cpu": 0.05, "cuda": 0.02}  # the least time one timed round covers
-ROUNDS = 3
+ROUND_S = {"cpu": 0.01, "cuda": 0.01}  # the least time one timed round covers
+# Rounds timed; their median counts. Short rounds, several of them: on a shared machine some rounds lose a core to
+# another process (a 2-core VM's other tenants slow a round several-fold), and the median ignores up to half of
+# them. Not the fastest round: a training step meets the allocator, the caches and the cores as a typical round
+# does, and the fastest of seven rounds planned the demo 12–50% faster than its steps ran (issue 29).
+ROUNDS = 9
 # A matmul shape is skipped when one call of it would take longer than this at the rate of the shape before it
 # (bf16 on a CPU without bf16 instructions): the rate has flattened out by then, and the probe stays short.
 LONGEST_CALL_S = 0.4
@@ -56,6 +70,9 @@ MIN_TOKEN_COUNTS = 2  # every weight shape is timed at this many token counts at
 # Operands of the matmul measurements, in all: more than the largest last-level caches hold.
 COLD_BYTES = {"cpu": 256 * MIB, "cuda": 1024 * MIB}
 RANDOM_ELEMENTS = 1 << 22
+# Sizes (values) of the eager elementwise operations timed on a CPU: around torch's grain for splitting an operation
+# over threads (32,768 values) and up to where the bandwidth of a large copy takes over.
+ELEMENTWISE_SIZES = (1 << 10, 1 << 14, 1 << 16, 1 << 18, 1 << 20)
 TRANSCENDENTAL_ELEMENTS = 1 << 24
 
 
@@ -66,20 +83,24 @@ class ProbeShapes:
     tokens: tuple[int, ...]
     weights: tuple[tuple[int, int], ...]  # (in, out) of the Linear layers timed: square ones, and a head's shape
     dtypes: tuple[str, ...]
-    attention: tuple[int, int, int, int]  # batch, heads, sequence, head size
+    attention: tuple[tuple[int, int, int, int], ...]  # batch, heads, sequence, head size: small to large calls
     copy_mib: tuple[int, ...]
     optimizer_params: int
     small_tensors: int
 
 
 SHAPES = {
-    "cpu": ProbeShapes(tokens=(16, 128, 1024), weights=((512, 512), (2048, 2048), (1024, 16384)),
+    "cpu": ProbeShapes(tokens=(16, 128, 1024),
+                       weights=((128, 8), (128, 128), (512, 512), (2048, 2048), (1024, 16384)),
                        dtypes=("fp32", "bf16"),
-                       attention=(1, 8, 512, 64), copy_mib=(4, 512), optimizer_params=2**22, small_tensors=256),
-    "cuda": ProbeShapes(tokens=(64, 256, 1024, 4096, 16384), weights=((1024, 1024), (8192, 8192), (4096, 131072)),
+                       attention=((4, 4, 64, 32), (4, 4, 256, 32), (1, 8, 512, 64)), copy_mib=(4, 512),
+                       optimizer_params=2**22,
+                       small_tensors=256),
+    "cuda": ProbeShapes(tokens=(64, 256, 1024, 4096, 16384),
+                        weights=((256, 256), (1024, 1024), (8192, 8192), (4096, 131072)),
                         dtypes=("bf16", "fp16", "fp32"),
-                        attention=(4, 32, 2048, 128), copy_mib=(16, 2048), optimizer_params=2**26,
-                        small_tensors=512),
+                        attention=((4, 8, 256, 64), (4, 32, 2048, 128)), copy_mib=(16, 2048),
+                        optimizer_params=2**26, small_tensors=512),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # The tiny model of the host-overhead measurement: Llama-shaped, every kernel negligible.
@@ -102,25 +123,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], Any], device: torch.device) -> float:
-    """Seconds per call of `fn`: median over ROUNDS rounds of at least ROUND_S each, after a warm-up call."""
+def timed(fn: Callable[[], Any], device: torch.device, rounds: int = ROUNDS) -> float:
+    """Seconds per call of `fn`: the median of `rounds` rounds of at least ROUND_S each, after a warm-up call (a
+    call that takes longer than a round by itself: of three calls, or of the rounds asked beyond ROUNDS)."""
     fn()
     _sync(device)
     start = time.perf_counter()
     fn()
     _sync(device)
     once = max(time.perf_counter() - start, 1e-7)
-    if once >= ROUND_S[device.type]:
-        return once  # long enough to time by itself
-    calls = max(1, int(ROUND_S[device.type] / once))
-    rounds = []
-    for _ in range(ROUNDS):
+    long = once >= ROUND_S[device.type]
+    calls = 1 if long else max(1, int(ROUND_S[device.type] / once))
+    times = [once]
+    for _ in range(max(2, rounds - ROUNDS) if long else rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         _sync(device)
-        rounds.append((time.perf_counter() - start) / calls)
-    return statistics.median(rounds)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
 
 
 def device_row(device: torch.device, gpus: GpuIndex) -> DeviceRow:
@@ -191,6 +212,7 @@ class Probe:
         with torch.no_grad():
             self.matmuls()
             self.bandwidth()
+            self.elementwise()
             self.transcendental()
             self.random()
         self.attention()
@@ -228,6 +250,18 @@ class Probe:
                              notes="forward, input gradient and weight gradient of a Linear layer together, its "
                                    "operands out of cache")
 
+    def elementwise(self) -> None:
+        """`torch.add` of two tensors into a new one, by size: seconds per call (a CPU)."""
+        if self.device.type != "cpu":
+            return  # a GPU queues its kernels: their host time is the overhead below, their work the bandwidth
+        for dtype in self.shapes.dtypes:
+            self.progress(f"elementwise operations {dtype}")
+            for size in ELEMENTWISE_SIZES:
+                a, b = (torch.randn(size, device=self.device, dtype=DTYPES[dtype]) for _ in range(2))
+                seconds = timed(functools.partial(torch.add, a, b), self.device)
+                self.add("elementwise", seconds * 1e6, "us per operation", dtype=dtype, shape=str(size),
+                         notes=f"torch.add of two tensors of {size:,} values into a new one (three tensors moved)")
+
     def transcendental(self) -> None:
         """GELU, log-softmax and SiLU over a tensor larger than the caches: bytes written per second."""
         for dtype in self.shapes.dtypes:
@@ -263,21 +297,21 @@ class Probe:
             del source, target
 
     def attention(self) -> None:
-        batch, heads, seq, size = self.shapes.attention
         for dtype in self.shapes.dtypes:
             if not self._supported(dtype):
                 continue
             self.progress(f"attention {dtype}")
-            q, k, v = (torch.randn(batch, heads, seq, size, device=self.device, dtype=DTYPES[dtype],
-                                   requires_grad=True) for _ in range(3))
+            for batch, heads, seq, size in self.shapes.attention:
+                q, k, v = (torch.randn(batch, heads, seq, size, device=self.device, dtype=DTYPES[dtype],
+                                       requires_grad=True) for _ in range(3))
 
-            def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> None:
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-                out.sum().backward()
+                def step(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> None:
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+                    out.sum().backward()
 
-            seconds = timed(step, self.device)
-            self.add("attention", 7 * batch * heads * seq * seq * size / seconds / 1e12, "TFLOPS", dtype=dtype,
-                     shape=f"{batch}x{heads}x{seq}x{size}", notes="causal SDPA forward + backward")
+                seconds = timed(step, self.device)
+                self.add("attention", 7 * batch * heads * seq * seq * size / seconds / 1e12, "TFLOPS", dtype=dtype,
+                         shape=f"{batch}x{heads}x{seq}x{size}", notes="causal SDPA forward + backward")
 
     def op_overhead(self) -> None:
         from tunecast.config.spec import RunSpec
@@ -293,7 +327,8 @@ class Probe:
             with warnings.catch_warnings():  # the libraries' deprecation notices are for their maintainers
                 warnings.simplefilter("ignore")
                 model = _tiny_model(settings, self.device)
-            seconds = timed(functools.partial(_tiny_step, model), self.device)
+            # the figure a small model's plan rests on most: three times the rounds (a second in all)
+            seconds = timed(functools.partial(_tiny_step, model), self.device, rounds=3 * ROUNDS)
             self.add("op_overhead", seconds / kernels * 1e6, "us per operation", shape=method,
                      notes=f"a training step of a 2-layer width-64 Llama ({method}) ÷ its {kernels:.0f} operations")
 

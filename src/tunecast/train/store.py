@@ -88,6 +88,11 @@ class Storage:
         return bool(self.fs.exists(self.path(*parts)))
 
     def read(self, *parts: str) -> bytes:
+        if not self.local:
+            # one request for the whole object: an opened remote file asks for it by the version it saw first,
+            # and fails ("pre-conditions … did not hold") when another process rewrote it in between, as a
+            # run's refresher rewrites its lock while a second launch reads it
+            return bytes(self.fs.cat_file(self.path(*parts)))
         with self.fs.open(self.path(*parts), "rb") as handle:
             return bytes(handle.read())
 

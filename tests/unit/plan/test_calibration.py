@@ -32,7 +32,7 @@ from tunecast.plan.calibration import (
 from tunecast.plan.planner import Planner
 from tunecast.plan.throughput import StepTime, step_time
 from tunecast.plan.workload import workload_for
-from tunecast.train.calibrate import whole_run
+from tunecast.train.calibrate import checkpoints_in_run, evaluations_in_run, predict, whole_run
 
 MODEL = shallow_llama()
 RUN = {"model": "x", "method": "lora", "micro_batch": 4, "seq_len": 256, "lora": {"rank": 8}}
@@ -103,10 +103,52 @@ def test_correction_factors_are_measured_over_predicted_by_part() -> None:
 
 
 def test_the_whole_run_is_extrapolated_from_the_measured_speed() -> None:
-    predicted = {"tokens_per_second": 500.0, "processed_tokens": 3_600_000, "eval_hours": 0.1, "hours": 2.1}
-    whole = whole_run(predicted, {"tokens_per_second": 250.0}, usd_per_hour=2.0)
-    assert whole["hours"] == pytest.approx(4.0 + 0.2)  # 3.6 M tokens at 250/s; evaluations twice as long too
-    assert whole["cost_usd"] == pytest.approx(8.4) and whole["predicted_hours"] == 2.1
+    run = spec(eval={"examples": 8, "every_steps": 10}, checkpoint={"every_steps": 10})
+    predicted = {"tokens_per_second": 500.0, "steps": 40, "steps_per_epoch": 4, "processed_tokens": 360_000,
+                 "padded_tokens": 400_000, "eval_hours": 0.1, "hours": 2.1}
+    measured = {"tokens_per_second": 225.0, "padded_tokens_per_second": 250.0, "warmup_extra_seconds": 40.0,
+                "eval_seconds": 30.0, "checkpoint_seconds": 5.0}
+    whole = whole_run(run, predicted, measured, 2.0, interruptions_per_hour=0.5)
+    # 400k padded tokens at 250/s and the warm-up's 40 s; evaluations at steps 10, 20, 30, 40; checkpoints
+    # before steps 10, 20, 30 and at the end
+    assert whole["train_hours"] == pytest.approx((1600 + 40) / 3600)
+    assert (whole["evaluations"], whole["checkpoints"]) == (4, 4)
+    assert whole["hours"] == pytest.approx((1600 + 40 + 4 * 30 + 4 * 5) / 3600)
+    assert whole["tokens_per_second"] == pytest.approx(360_000 / 1640)  # what `tunecast train` will report
+    assert whole["cost_usd"] == pytest.approx(2 * whole["hours"]) and whole["predicted_hours"] == 2.1
+    # no evaluation timed (no held-out example in the slice): the plan's, scaled by measured ÷ predicted speed
+    untimed = whole_run(run, predicted, {**measured, "eval_seconds": None}, 2.0, interruptions_per_hour=0.5)
+    assert untimed["eval_hours"] == pytest.approx(0.1 * 500 / 225)
+
+
+def test_evaluations_and_checkpoints_are_counted_as_the_loop_schedules_them() -> None:
+    assert evaluations_in_run(spec(eval={"examples": 8, "every_steps": 10}), 45, 4) == 5  # 10 … 40, and 45
+    assert evaluations_in_run(spec(eval={"examples": 8}), 10, 4) == 3  # ends of epochs at 4 and 8, and 10
+    assert evaluations_in_run(spec(eval={"examples": 0}), 10, 4) == 0
+    assert checkpoints_in_run(spec(checkpoint={"every_steps": 10}), 40, 100.0, 1.0, 0.5) == 4
+    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 1000, 330.0, 1.0, 0.5) == 6  # 5 and the end
+    # automatic (Young/Daly): every √(2 × 0.01 h write ÷ 0.5 preemptions/h) = 0.2 h = 720 s; never more than one a step
+    assert checkpoints_in_run(spec(), 1000, 7200.0, 36.0, 0.5) == 7200 // 720 + 1
+    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 3, 3600.0, 1.0, 0.5) == 3
+
+
+def test_the_whole_run_respects_max_steps(tmp_path: Path) -> None:
+    """A 12-step run is 12 steps' tokens and time, not the epochs' (issue 29: 93,615 tokens said for ~11k)."""
+    catalog = load_catalog(None)
+    figures = DeviceFigures(device(), tuple(cpu_rows()))
+    config = tmp_path / "model.json"
+    config.write_text(json.dumps(MODEL))
+
+    def length(**changes: Any) -> dict[str, Any]:
+        values = {**RUN, "model": str(config), "dataset": {"examples": 1000, "mean_tokens": 200}, **changes}
+        loaded = load_spec(None, [Override(k, v, "test") for k, v in values.items()], catalog)
+        return predict(loaded, catalog, figures, {"micro_batch": 4, "grad_accum": 2, "grad_checkpointing": False})
+
+    capped, epochs = length(max_steps=12), length(epochs=3)
+    assert capped["steps"] == 12 and epochs["steps"] == 375  # 3 epochs of 1,000 examples, 8 a step
+    assert capped["processed_tokens"] == pytest.approx(12 * 8 * 200)
+    assert capped["hours"] == pytest.approx(epochs["hours"] * 12 / 375, rel=0.01)
+    assert capped["padded_tokens"] == pytest.approx(epochs["padded_tokens"] * 12 / 375)
 
 
 def _planner(tmp_path: Path, calibration: Calibration | None, **changes: Any) -> tuple[Planner, Any]:

@@ -45,3 +45,19 @@ def test_max_steps_alone_passes_over_the_data_as_often_as_it_takes() -> None:
     alone = workload(32, 3, max_steps=10, epochs_set=False).as_dict()
     assert (alone["steps"], alone["passes"], alone["processed_tokens"]) == (10, 2.5, 8000)
     assert alone["length"] == "10 steps (max_steps: 2.5 passes over the data)"
+
+
+def test_an_epochs_short_last_step_costs_its_fixed_parts_and_its_share_of_the_work() -> None:
+    from tunecast.plan.planner import train_seconds
+    from tunecast.plan.throughput import StepTime
+
+    # 4 micro-batch rounds of 2 sequences a step: 1.0 s of computation and 0.4 s of dispatch, and 0.2 s optimizer
+    step = StepTime(compute_s=1.0, dequantize_s=0.0, dispatch_s=0.4, optimizer_s=0.2, communication_s=0.0,
+                    offload_s=0.0, tokens_per_step=800)
+    assert train_seconds(workload(32, 10), step, 2, 4, 40) == pytest.approx(40 * 1.6)  # 8 divides 32: all full
+    # 33 examples: 4 full steps and one of a single sequence, which pays the optimizer, one round's dispatch and
+    # half a round's computation
+    short = 0.2 + 0.1 + 0.5 * 0.25
+    assert train_seconds(workload(33, 3), step, 2, 4, 15) == pytest.approx(3 * (4 * 1.6 + short))
+    # a step limit within an epoch runs full steps only
+    assert train_seconds(workload(33, 3), step, 2, 4, 7) == pytest.approx(4 * 1.6 + short + 2 * 1.6)
