@@ -21,10 +21,10 @@ $(SKY_STAMP):
 	$(SKY_VENV)/bin/python -m pip install -q "skypilot>=0.8"
 	touch $(SKY_STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_PIN)"
-	$(BIN)/python -m pip install -q -e ".[dev,qlora]"
+	$(BIN)/python -m pip install -q -e ".[dev,qlora]" -c constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
