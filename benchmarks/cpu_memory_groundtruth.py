@@ -90,7 +90,7 @@ def child(config: dict, settings: dict) -> dict:
     import realstep
     import torch
 
-    from tunecast.train.step import forward_backward
+    from tunecast.step.forward import forward_backward
 
     baseline = _rss()
     spec, model, optimizer = realstep.build(config, settings)

@@ -140,8 +140,8 @@ def predict(configs: dict[str, Path], gpu: str, env: dict[str, str]) -> dict[str
     from tunecast.catalog.store import load_catalog
     from tunecast.config.load import load_spec
     from tunecast.estimate.profiles import cached_profiles
-    from tunecast.estimate.settings import TraceSettings
     from tunecast.plan.throughput import step_time
+    from tunecast.step.settings import TraceSettings
 
     processes = {case: subprocess.Popen([sys.executable, "-m", "tunecast", "memory", str(path), "--gpu", gpu, "--json"],
                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -37,7 +37,7 @@ def child(config: dict, settings: dict) -> dict:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
-    from tunecast.train.step import forward_backward
+    from tunecast.step.forward import forward_backward
 
     def peak() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -119,7 +119,7 @@ def child(runner: str, config: dict, run: dict, fold_rows: bool = False, live: b
     from transformers import AutoModelForCausalLM
 
     from tunecast.estimate.shape import hf_config
-    from tunecast.train.setup import training_config
+    from tunecast.step.setup import training_config
 
     if runner == "trl":
         import trl

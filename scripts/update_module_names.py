@@ -2,7 +2,7 @@
 
 `tunecast validate` checks `lora.targets` against a model's modules without torch: this table holds, for each
 `model_type` of the bundled model configs, every module name of its causal-LM model as transformers builds it (the
-layer index written `{i}`) and whether LoRA can adapt the module (train/targets.py). It is the union over the
+layer index written `{i}`) and whether LoRA can adapt the module (step/targets.py). It is the union over the
 catalog's configs of that type, each built on the meta device. A test rebuilds a model of every type and compares.
 Run after adding a config of a new architecture, or after upgrading transformers:
     .venv/bin/python scripts/update_module_names.py
@@ -18,7 +18,7 @@ from tunecast.catalog.modules import MODULES_FILE, patterns
 from tunecast.catalog.rows import parse_rows
 from tunecast.catalog.store import MODELS_DIR, MODELS_FILE, bundled_data_dir
 from tunecast.estimate.shape import build_meta_model, num_layers, shallow_config_data, text_config_data
-from tunecast.train.targets import module_table
+from tunecast.step.targets import module_table
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ module LoRA can adapt (a linear layer, an embedding, GPT-2's Conv1D), or the run
 
 The module names come from the catalog's table of each architecture's modules (catalog/modules.py), so that
 `validate` can check without building the model; where the table lacks the architecture, the same check runs on
-the built model before any work (train/targets.py).
+the built model before any work (step/targets.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
-from tunecast.estimate.settings import CHUNKING_VARIANTS, TraceSettings
 from tunecast.estimate.shape import (
     has_experts,
     layer_period,
@@ -39,6 +38,7 @@ from tunecast.estimate.shape import (
 )
 from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_file
+from tunecast.step.settings import CHUNKING_VARIANTS, TraceSettings
 
 TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())
 # The basis slot of each (b, s) exponent pair a size may have.

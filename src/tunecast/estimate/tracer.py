@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecast.estimate.settings import TraceSettings
+from tunecast.step.settings import TraceSettings
 
 # Event kinds: allocation, free, and a change of category (a gradient or optimizer state identified).
 ALLOC, FREE, RECLASS = "a", "f", "c"
@@ -370,7 +370,7 @@ def _fakeify(model: Any, mode: Any) -> None:
 def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -> Any:
     """The model exactly as it is trained (dtype, adapters, checkpointing), on the meta device."""
     from tunecast.estimate.shape import build_meta_model
-    from tunecast.train.setup import param_dtype, prepare_for_training, training_config
+    from tunecast.step.setup import param_dtype, prepare_for_training, training_config
 
     model = build_meta_model(training_config(config_data), dtype=param_dtype(settings.precision),
                              attention=settings.attention)
@@ -392,7 +392,7 @@ def _linear_shape(module: Any) -> tuple[int, int, bool] | None:
 def model_facts(model: Any, settings: TraceSettings) -> ModelFacts:
     import torch
 
-    from tunecast.train.setup import param_dtype
+    from tunecast.step.setup import param_dtype
 
     parts = fact_parts(model)
     element = torch.empty((), dtype=param_dtype(settings.precision)).element_size()
@@ -406,7 +406,7 @@ def fact_parts(model: Any) -> dict[str, list[Any]]:
     shapes and the output head's."""
     import torch
 
-    from tunecast.train.setup import decoder_layers
+    from tunecast.step.setup import decoder_layers
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = decoder_layers(model)
@@ -578,8 +578,8 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunecast.train.setup import make_optimizer
-    from tunecast.train.step import forward_backward
+    from tunecast.step.forward import forward_backward
+    from tunecast.step.setup import make_optimizer
 
     _register_attention_flops()
     model = build_training_model(config_data, settings)

@@ -24,11 +24,11 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
-from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.calibration import Calibration
 from tunecast.plan.cost import GPUS_PER_NODE, OfferCost, RunShape, price_run
 from tunecast.plan.throughput import StepTime, forward_seconds, step_time
 from tunecast.plan.workload import Workload, evaluations, optimizer_steps
+from tunecast.step.settings import TraceSettings
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
 GPU_COUNTS = (1, 2, 4, 8)

@@ -42,8 +42,8 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import ProfilePair
-from tunecast.estimate.settings import TRACED_OPTIMIZERS
 from tunecast.plan.cost import GPUS_PER_NODE
+from tunecast.step.settings import TRACED_OPTIMIZERS
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A runner is described by two kinds of difference, each with where it is written (the tool's file and function at
 the version read, listed in docs/runners.md with the research behind it in docs/research/runners.md):
 
-* Step variants (estimate/settings.py STEP_VARIANTS): what the tool's step does to the tensors it holds — the
+* Step variants (step/settings.py STEP_VARIANTS): what the tool's step does to the tensors it holds — the
   dtype it leaves a 4-bit model's other weights in, the autocast it runs under, the copies of the logits it
   returns, its loss. The tracer runs these, so their memory is traced, not guessed.
 * Defaults: how the tool runs a step where the config leaves it unset (its optimizer, whether it checkpoints or
@@ -75,7 +75,7 @@ class Runner:
 
     def notes(self, spec: RunSpec, device: str = "cuda") -> list[str]:
         """What this runner changes in `spec`'s step on `device`, for an estimate's notes."""
-        from tunecast.estimate.settings import STEP_VARIANTS
+        from tunecast.step.settings import STEP_VARIANTS
 
         lines = [f"runner {self.label} ({self.version}): {STEP_VARIANTS[v]}" for v in self.variants(spec, device)]
         return lines + [f"runner {self.label}: not modelled: {text}" for text in self.unmodelled]
@@ -89,7 +89,7 @@ _TRAINER_OPTIMIZER = Default("optimizer", "adamw", "TrainingArguments.optim is a
                              "(transformers 5.24 training_args.py, default_optim)")
 
 RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
-    Runner("tunecast", "tunecast", "this version", sources=("train/step.py, train/setup.py",)),
+    Runner("tunecast", "tunecast", "this version", sources=("step/forward.py, step/setup.py",)),
     Runner(
         "hf-trainer", "transformers Trainer", "transformers 5.24, peft 0.21, accelerate 1.15",
         mixed_step=_TRAINER, qlora_step=("kbit-fp32",),
@@ -216,7 +216,7 @@ def apply_runner(spec: RunSpec) -> RunSpec:
 def differences_table() -> str:
     """Every runner's differences from tunecast's step, with sources, as Markdown (docs/runners.md holds it; a test
     keeps the two equal)."""
-    from tunecast.estimate.settings import STEP_VARIANTS
+    from tunecast.step.settings import STEP_VARIANTS
 
     lines = ["| runner | modelled version | step, as traced | defaults for unset keys | not modelled |",
              "|---|---|---|---|---|"]

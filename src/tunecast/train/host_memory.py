@@ -153,7 +153,7 @@ def loading_bytes(files: list[Path], dtype_name: str) -> int:
 def cpu_loading_gib(spec: Any, resolved: Any) -> float:
     """What loading the weights holds on the CPU besides the model: the files' tensors stored in another dtype than
     the run's (host_memory.loading_bytes), for a model folder or a model in the local Hugging Face cache."""
-    from tunecast.train.setup import compute_dtype, param_dtype
+    from tunecast.step.setup import compute_dtype, param_dtype
 
     folder = resolved.path.parent if resolved.origin == "directory" else (
         _cached_folder(resolved.name) if resolved.origin in ("catalog", "downloaded") else None)

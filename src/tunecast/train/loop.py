@@ -5,7 +5,7 @@ Per optimizer step, in order:
 1. what is due between steps: an evaluation (`eval.every_steps`, else at the end of each epoch), a
    checkpoint (`checkpoint.every_steps`, `every_minutes`, or the automatic Young/Daly interval);
 2. the step's micro-batches from the data position (epoch, units consumed), each a forward and backward
-   pass of the traced step (train/step.py), the loss of every micro-batch divided by the trained tokens of
+   pass of the traced step (step/forward.py), the loss of every micro-batch divided by the trained tokens of
    the whole step, so accumulation weighs every token alike;
 3. gradient clipping (`max_grad_norm`), the learning rate of this step, the optimizer step;
 4. the position moves on; a metrics line; the random generators' state is captured, for the next step.
@@ -40,6 +40,7 @@ import torch
 from tunecast.config.spec import RunSpec
 from tunecast.data.packing import IGNORE_INDEX
 from tunecast.plan.cost import young_daly_interval
+from tunecast.step.forward import forward_backward, forward_loss
 from tunecast.train.batches import Batch, TrainData, Unit, collate, eval_batches, micro_batches, rank_passes
 from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import peak_rss_gib
@@ -47,7 +48,6 @@ from tunecast.train.metrics import MetricsLog
 from tunecast.train.optim import TrainOptimizer, lr_factor
 from tunecast.train.signals import Preempted, PreemptionFlag
 from tunecast.train.state import LAYOUT, Progress, capture_rng, checkpoint_files
-from tunecast.train.step import forward_backward, forward_loss
 from tunecast.train.store import MANIFEST, CheckpointStore, write_files, write_manifest
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 

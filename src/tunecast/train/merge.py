@@ -69,7 +69,7 @@ def merge_run(run_dir: str, output: str | None, catalog: Catalog) -> dict[str, A
 
         base_path = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
         base_folder = _local_base(base_path, Path(temporary) / "base")
-        from tunecast.train.setup import compute_dtype, param_dtype
+        from tunecast.step.setup import compute_dtype, param_dtype
 
         dtype = compute_dtype(spec.precision) if spec.method == "qlora" else param_dtype(spec.precision)
         base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype, local_files_only=True)

@@ -28,8 +28,8 @@ from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
 from tunecast.errors import TunecastError
 from tunecast.estimate.shape import hf_config
+from tunecast.step.setup import compute_dtype, param_dtype, training_config
 from tunecast.train.preflight import check_weights, has_weights
-from tunecast.train.setup import compute_dtype, param_dtype, training_config
 
 BASE_SAVED = "base"  # where a run keeps the random base weights it drew (beside checkpoints/)
 

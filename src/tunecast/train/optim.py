@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from tunecast.config.spec import RunSpec
-from tunecast.train.setup import make_optimizer
+from tunecast.step.setup import make_optimizer
 
 
 def warmup_steps(spec: RunSpec, total_steps: int) -> int:

@@ -315,8 +315,8 @@ class Probe:
 
     def op_overhead(self) -> None:
         from tunecast.config.spec import RunSpec
-        from tunecast.estimate.settings import TraceSettings
         from tunecast.estimate.tracer import trace_step
+        from tunecast.step.settings import TraceSettings
 
         for method in ("full", "lora"):
             self.progress(f"host overhead per operation ({method})")
@@ -414,7 +414,7 @@ def _layer_step(layer: Any, x: torch.Tensor) -> None:
 def _tiny_model(settings: Any, device: torch.device) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from tunecast.train.setup import prepare_for_training, training_config
+    from tunecast.step.setup import prepare_for_training, training_config
 
     data = training_config(TINY_LLAMA)
     config = AutoConfig.for_model(**data)
@@ -427,7 +427,7 @@ def _tiny_model(settings: Any, device: torch.device) -> Any:
 
 
 def _tiny_step(model: Any) -> None:
-    from tunecast.train.step import forward_backward
+    from tunecast.step.forward import forward_backward
 
     device = next(model.parameters()).device
     batch, seq = TINY_BATCH

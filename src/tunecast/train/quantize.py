@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tunecast.train.setup import decoder_layers
+from tunecast.step.setup import decoder_layers
 from tunecast.units import BYTES_PER_GIB, format_params
 
 

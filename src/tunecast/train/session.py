@@ -20,7 +20,8 @@ from tunecast.config.checks import distributed_problems
 from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import STRATEGY_ENGINES
 from tunecast.errors import Problem, SharedError, TunecastError
-from tunecast.estimate.settings import TraceSettings
+from tunecast.step.settings import TraceSettings
+from tunecast.step.setup import decoder_layers, prepare_for_training
 from tunecast.train.batches import run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost
@@ -49,7 +50,6 @@ from tunecast.train.run import (
     warn,
     write_config,
 )
-from tunecast.train.setup import decoder_layers, prepare_for_training
 from tunecast.train.signals import PreemptionFlag, stop_within_layers
 from tunecast.train.state import LAYOUT, STATE, TRAINABLE, Progress, restore, restore_legacy, seed_ranks
 from tunecast.train.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder

@@ -70,7 +70,7 @@ def stop_within_layers(model: Any, flag: PreemptionFlag) -> None:
     optimizer stepped inside the backward pass must not stop half-way."""
     import torch
 
-    from tunecast.train.setup import decoder_layers
+    from tunecast.step.setup import decoder_layers
 
     def check_forward(module: Any, args: Any) -> None:
         flag.check()

@@ -9,8 +9,8 @@ from tunecast.config.spec import RunSpec
 from tunecast.estimate.analytic import Shape, activation_bytes_per_token_layer, analytic_peak_bytes, supports
 from tunecast.estimate.memory import _replayed
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.settings import TraceSettings
 from tunecast.estimate.shape import build_meta_model, count_parameters
+from tunecast.step.settings import TraceSettings
 
 
 def traced_backward_peak(config: dict[str, Any], spec: RunSpec) -> dict[str, float]:

@@ -12,7 +12,7 @@ from tests.models import tiny_llama
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import profiles, templates, tracer
 from tunecast.estimate.progress import listening
-from tunecast.estimate.settings import TraceSettings
+from tunecast.step.settings import TraceSettings
 
 SPEC = RunSpec(model="x", method="lora", micro_batch=2, seq_len=64)
 

@@ -37,8 +37,8 @@ def test_nf4_weights_and_constants_match_bitsandbytes_tensors(catalog) -> None:
     from transformers import AutoModelForCausalLM
 
     from tunecast.estimate.shape import hf_config
+    from tunecast.step.setup import decoder_layers
     from tunecast.train.quantize import quantize_nf4
-    from tunecast.train.setup import decoder_layers
 
     config = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
                         num_hidden_layers=2)
@@ -159,9 +159,9 @@ def test_adapters_in_the_model_dtype_save_peft_fp32_copies(catalog) -> None:
     input to fp32; with `lora.fp32_adapters: false` the adapters stay bf16 and the copies disappear."""
     from transformers import AutoModelForCausalLM
 
-    from tunecast.estimate.settings import TraceSettings
     from tunecast.estimate.shape import hf_config
-    from tunecast.train.setup import apply_adapters
+    from tunecast.step.settings import TraceSettings
+    from tunecast.step.setup import apply_adapters
 
     config = shallow_llama()
     for fp32 in (True, False):

@@ -11,7 +11,7 @@ from tunecast.catalog.store import load_catalog
 from tunecast.config.load import load_spec_text
 from tunecast.estimate.profile import replay, replay_events
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.settings import TraceSettings
+from tunecast.step.settings import TraceSettings
 
 WORKSPACES = ((), (8519680,), (33554432,))  # none, and the two cuBLAS workspaces of catalog/data/overheads.csv
 

@@ -10,11 +10,11 @@ from tests.models import tiny_llama
 
 from tunecast.config.spec import Runner, RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
-from tunecast.estimate.settings import CHUNKING_VARIANTS, STEP_VARIANTS, TraceSettings
 from tunecast.estimate.shape import build_meta_model
 from tunecast.estimate.tracer import ALLOC, trace_step
 from tunecast.runners.profiles import OWN_LOSSES, RUNNERS, apply_runner, runner_defaults, step_variants
-from tunecast.train import loss
+from tunecast.step import loss
+from tunecast.step.settings import CHUNKING_VARIANTS, STEP_VARIANTS, TraceSettings
 
 BATCH, SEQ = 2, 128
 

@@ -9,7 +9,7 @@ from tests.models import shallow_llama
 
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import tracer
-from tunecast.estimate.settings import TraceSettings
+from tunecast.step.settings import TraceSettings
 
 BATCH, SEQ = 2, 64
 VOCAB, HIDDEN = 4096, 64

@@ -19,7 +19,6 @@ from tunecast.config.load import Override, load_spec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.calibration import (
     DATA_KEYS,
     Calibration,
@@ -32,6 +31,7 @@ from tunecast.plan.calibration import (
 from tunecast.plan.planner import Planner
 from tunecast.plan.throughput import StepTime, step_time
 from tunecast.plan.workload import workload_for
+from tunecast.step.settings import TraceSettings
 from tunecast.train.calibrate import checkpoints_in_run, evaluations_in_run, predict, whole_run
 
 MODEL = shallow_llama()

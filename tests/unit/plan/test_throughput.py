@@ -11,8 +11,8 @@ from tests.models import shallow_llama, tiny_llama
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.throughput import forward_seconds, matmul_seconds, step_time
+from tunecast.step.settings import TraceSettings
 
 # Wide enough that long sequences are compute-bound, small enough to trace in seconds.
 CONFIG = shallow_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)

@@ -16,8 +16,8 @@ from tunecast.catalog.devices import DeviceFigures, as_gpu
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.settings import TraceSettings
 from tunecast.plan.throughput import StepTime, step_time
+from tunecast.step.settings import TraceSettings
 
 MODEL = shallow_llama(hidden_size=128, intermediate_size=352)  # the demo model's width: every operation is small
 RUN = RunSpec.model_validate({"model": "x", "method": "lora", "precision": "fp32", "micro_batch": 4, "seq_len": 64})

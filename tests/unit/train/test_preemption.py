@@ -11,7 +11,7 @@ import torch
 from tests.trainruns import TINY_MODEL
 
 from tunecast.estimate.shape import hf_config
-from tunecast.train.setup import decoder_layers
+from tunecast.step.setup import decoder_layers
 from tunecast.train.signals import Preempted, PreemptionFlag, stop_within_layers
 
 

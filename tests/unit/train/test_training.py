@@ -35,7 +35,7 @@ def tiny_model(attention: str) -> torch.nn.Module:
 def test_a_packed_batch_has_the_loss_of_its_examples_apart(attention: str) -> None:
     """Packed examples do not attend to each other: the summed token loss of a pack equals the sum of each
     example's own loss, computed in a batch of its own."""
-    from tunecast.train.step import forward_loss
+    from tunecast.step.forward import forward_loss
 
     model = tiny_model(attention)
     generator = torch.Generator().manual_seed(1)
@@ -62,7 +62,7 @@ def test_a_packed_batch_has_the_loss_of_its_examples_apart(attention: str) -> No
 
 
 def test_padded_batch_loss_equals_unpadded() -> None:
-    from tunecast.train.step import forward_loss
+    from tunecast.step.forward import forward_loss
 
     model = tiny_model("sdpa")
     short, long = list(range(10, 20)), list(range(30, 60))
@@ -213,8 +213,8 @@ def test_lora_dropout_on_the_experts_of_an_moe_model_is_a_user_error() -> None:
     from transformers import AutoModelForCausalLM
 
     from tunecast.errors import TunecastError
-    from tunecast.estimate.settings import AdapterSettings
-    from tunecast.train.setup import apply_adapters
+    from tunecast.step.settings import AdapterSettings
+    from tunecast.step.setup import apply_adapters
 
     config = hf_config({"model_type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 64,
                         "moe_intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,

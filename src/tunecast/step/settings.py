@@ -35,7 +35,7 @@ TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
 # How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
-# (train/setup.py, train/step.py). Which tools do what, with sources: runners/profiles.py.
+# (step/setup.py, step/forward.py). Which tools do what, with sources: runners/profiles.py.
 STEP_VARIANTS = {
     "autocast": "bf16 weights computed under bf16 autocast (accelerate's mixed precision, which the transformers "
                 "Trainer turns on with bf16=True whatever dtype the weights were loaded in)",

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tunecast.errors import TunecastError
-from tunecast.estimate.settings import AdapterSettings
+from tunecast.step.settings import AdapterSettings
 
 # bitsandbytes (imported by peft when present) logs at import that optional CPU kernels are missing; that
 # is not the user's concern.
@@ -43,7 +43,7 @@ def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
     `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters) unless `fp32_adapters` is off."""
     from peft import LoraConfig, get_peft_model
 
-    from tunecast.train.targets import check_targets
+    from tunecast.step.targets import check_targets
 
     targets: list[str] | str = adapters.targets if isinstance(adapters.targets, str) else list(adapters.targets)
     check_targets(model, targets)  # every name must adapt a layer: peft trains the others silently, or fails
