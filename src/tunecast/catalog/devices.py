@@ -39,13 +39,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from tunecast.catalog.gpus import Gpu, GpuIndex
+from tunecast.catalog.gpus import LOCAL, Gpu, GpuIndex
 from tunecast.catalog.rows import CatalogRow, parse_rows, write_rows
 from tunecast.errors import TunecastError
 
 DEVICES_FILE = "devices.csv"
 MEASUREMENTS_FILE = "device_measurements.csv"
-LOCAL = "local"
 
 # `first_touch` (a CPU's cost of faulting fresh pages in) was measured by probes before the runner kept freed
 # memory on a CPU (train/host_memory.py); rows of it in a user's catalog still load, and nothing reads them.

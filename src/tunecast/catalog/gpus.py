@@ -11,6 +11,9 @@ from pydantic import Field, field_validator, model_validator
 from tunecast.catalog.rows import CatalogRow
 from tunecast.errors import ConfigError, Problem, TunecastError, did_you_mean
 
+# The name of this machine's device once `tunecast probe` has measured it (catalog/devices.py saves it)
+LOCAL = "local"
+
 
 class Gpu(CatalogRow):
     """One GPU model. Units are in the field names; figures are the vendor's unless `notes` says."""
@@ -117,7 +120,7 @@ class GpuIndex:
         raise TunecastError(f"unknown GPU {name!r}", field=field, hint=self.unknown_hint(name))
 
     def unknown_hint(self, name: str) -> str:
-        if name.strip().lower() == "local":  # catalog/devices.py LOCAL: the device `tunecast probe` saves
+        if name.strip().lower() == LOCAL:
             return ("'local' is this machine's device once measured: run `tunecast probe` first (with the same "
                     "--catalog, if you give one)")
         names = [*self._by_slug, *(alias for gpu in self._by_slug.values() for alias in gpu.aliases)]

@@ -27,7 +27,7 @@ from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.plan.calibration import Calibration
 from tunecast.plan.cost import GPUS_PER_NODE, OfferCost, RunShape, price_run
 from tunecast.plan.throughput import StepTime, forward_seconds, step_time
-from tunecast.plan.workload import Workload, evaluations, optimizer_steps
+from tunecast.plan.workload import Workload, evaluations
 from tunecast.step.settings import TraceSettings
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
@@ -340,9 +340,10 @@ class Planner:
             else:
                 basis = "calibrated"
                 step = calibration.corrected(step)
-        steps = optimizer_steps(self.workload, self.global_batch(), spec.max_steps)
+        length = self.workload.length(self.global_batch(), spec.max_steps)
+        steps = length.steps
         train_s = train_seconds(self.workload, step, micro_batch * count, grad_accum, steps)
-        tokens = self.workload.processed_tokens * self.workload.length(self.global_batch(), spec.max_steps).passes
+        tokens = self.workload.processed_tokens * length.passes
         tokens_per_second = tokens / train_s if train_s > 0 else 0.0
         eval_s = self._eval_seconds(spec, pair, gpu, count, micro_batch, sequence, steps)
         notes = []

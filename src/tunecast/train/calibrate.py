@@ -22,7 +22,7 @@ CPU the growth of resident memory from before the model was built, which is what
 estimates).
 
 The whole run (what `tunecast train` of this config will take). Its optimizer steps are the plan's
-(`plan.workload.optimizer_steps`: `max_steps` caps the epochs), its padded tokens those of the whole dataset at
+(`plan.workload.Workload.length`: `max_steps` caps the epochs), its padded tokens those of the whole dataset at
 the run's micro-batch; its time is those tokens at the measured speed, plus the first steps' extra time, plus its
 evaluations and its checkpoints (counted as the loop schedules them) at their measured times. Its tokens/s —
 real tokens over the steps' seconds, warm-up included — is the figure `tunecast train` prints at the end.
@@ -343,7 +343,7 @@ def predict(loaded: LoadedSpec, catalog: Catalog, figures: Any, resolved: dict[s
     length: its optimizer steps (max_steps caps the epochs), tokens, padded tokens and steps per epoch."""
     from tunecast.catalog.devices import as_gpu
     from tunecast.plan.planner import Planner
-    from tunecast.plan.workload import optimizer_steps, workload_for
+    from tunecast.plan.workload import workload_for
 
     gpu = as_gpu(figures, catalog.gpus.find(figures.device.slug) if figures.device.kind == "cuda" else None)
     spec = loaded.spec
@@ -359,7 +359,8 @@ def predict(loaded: LoadedSpec, catalog: Catalog, figures: Any, resolved: dict[s
         raise TunecastError(f"the plan cannot configure this run on {figures.device.name}: {configured}",
                             field="micro_batch", hint="check the run's batch shape with `tunecast memory`")
     step = configured.step
-    steps = optimizer_steps(workload, global_batch, spec.max_steps)
+    length = workload.length(global_batch, spec.max_steps)  # the steps `tunecast train` runs (train/run.py)
+    steps = length.steps
     sequences = steps * global_batch
     real_per_sequence = workload.processed_tokens / workload.sequences()
     return {
@@ -371,7 +372,7 @@ def predict(loaded: LoadedSpec, catalog: Catalog, figures: Any, resolved: dict[s
         "hours": configured.hours,
         "eval_hours": configured.eval_hours,
         "steps": steps,
-        "steps_per_epoch": math.ceil(workload.sequences() / global_batch),
+        "steps_per_epoch": length.per_epoch,
         "processed_tokens": sequences * real_per_sequence,
         "padded_tokens": sequences * workload.tokens_per_sequence(resolved["micro_batch"]),
         "memory": {"device_total_gib": configured.memory.device_total_gib,
