@@ -57,7 +57,7 @@ from pathlib import Path
 
 from docsection import write_section
 
-from tunecast.train.store import CheckpointStore, Storage
+from tunecast.storage.store import CheckpointStore, Storage
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the run helpers live with the tests

@@ -110,9 +110,9 @@ def runner_rows(rows: list[dict[str, str]], catalog: Any, own: dict[str, dict[st
     """The second table: every row measured with a tool other than tunecast, estimated as that tool runs it where
     tunecast has a runner for it, else as tunecast's own step (`own`: the first table's rows, by id; `skipped`: the
     reasons of those it left out)."""
+    from tunecast.config.runner import apply_runner
     from tunecast.config.spec import RunSpec
     from tunecast.estimate.memory import estimate_memory
-    from tunecast.runners.profiles import apply_runner
 
     lines = ["| row | framework | runner | configured from | measured GiB | as the runner runs it | error | "
              "tunecast's own step | error |", "|---|---|---|---|---:|---:|---:|---:|---:|"]

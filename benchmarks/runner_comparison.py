@@ -15,9 +15,9 @@ import time
 from docsection import write_section
 
 from tunecast.catalog.store import load_catalog
+from tunecast.config.runner import RUNNERS, apply_runner
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import estimate_memory
-from tunecast.runners.profiles import RUNNERS, apply_runner
 
 MODEL, GPU = "meta-llama/Llama-3.1-8B", "rtx-4090"
 BASE = {"model": MODEL, "lora": {"rank": 16, "alpha": 32, "targets": "all-linear"}, "micro_batch": 2,

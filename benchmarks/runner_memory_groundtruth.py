@@ -15,7 +15,7 @@ transient of how this script makes its model, over before the tool's trainer is 
 estimate is about.
 
 The prediction is `tunecast memory --device cpu --runner NAME`'s `device_total_gib`: the case's settings with the
-runner's defaults applied (runners/profiles.py apply_runner), then estimated with the runner's step variants. The
+runner's defaults applied (config/runner.py apply_runner), then estimated with the runner's step variants. The
 table also gives the estimate of tunecast's own step at the same settings, to show what the runner's step changes.
 How a run maps to tunecast settings: weights loaded in bf16 with the trainer's bf16=True are precision `bf16` (under
 the runner's autocast); weights in fp32 with bf16=True are `bf16-mixed`; fp32 weights with bf16=False are `fp32`.
@@ -314,8 +314,8 @@ def measure(runner: str, config: dict, run: dict, *, fold_rows: bool = False, li
 
 def applied(runner: str, settings: dict) -> Any:
     """The RunSpec `tunecast memory --runner` estimates: the case's settings and the runner's defaults."""
+    from tunecast.config.runner import apply_runner
     from tunecast.config.spec import RunSpec
-    from tunecast.runners.profiles import apply_runner
 
     return apply_runner(RunSpec.model_validate({"model": "x", **settings, "runner": runner}))
 
@@ -345,8 +345,8 @@ def run_keys(spec: Any) -> dict:
 
 def shown_settings(runner: str, settings: dict) -> str:
     """The case's settings, and in brackets what the runner's defaults set."""
+    from tunecast.config.runner import runner_defaults
     from tunecast.config.spec import RunSpec
-    from tunecast.runners.profiles import runner_defaults
 
     from_runner = runner_defaults(RunSpec.model_validate({"model": "x", **settings, "runner": runner}))
     own = ", ".join(f"{k}={v}" for k, v in settings.items())

@@ -44,7 +44,7 @@ def _kill_in_write(count: int) -> None:
     ones copied from a scratch folder alike) stops the process half-way through that file."""
     from pathlib import Path
 
-    from tunecast.train import store
+    from tunecast.storage import store
 
     writes = 0
     write_local, copy_local = store._write_local, store._copy_local

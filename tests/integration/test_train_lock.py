@@ -25,7 +25,7 @@ import pytest
 from tests.s3server import FAKE_AWS_ENV
 from tests.trainruns import NO_EVAL, REPO, ForkServer, tiny_run
 
-from tunecast.train.store import LOCK
+from tunecast.storage.store import LOCK
 
 REFRESH_S = 0.5
 STALE_S = 6 * REFRESH_S

@@ -61,7 +61,7 @@ def report_command(
     text = run_report(run_dir, records, config, plan=_document(plan, "--plan") or in_run,
                       calibration=_document(calibration, "--calibration"))
     if output is None:
-        from tunecast.train.store import Storage
+        from tunecast.storage.store import Storage
 
         Storage(run_dir).write(REPORT_FILE, text.encode())
         where = f"{run_dir.rstrip('/')}/{REPORT_FILE}"

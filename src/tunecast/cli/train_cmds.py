@@ -240,10 +240,10 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         raise TunecastError(f"gpus.count is {loaded.spec.gpus.count} but the launcher started {world.size} processes",
                             field="gpus.count", hint=f"set gpus.count (or --gpus) to {world.size}, or leave it out")
     if world.main:  # no data, a busy output or a model without weights: refused now, not after the libraries load
-        from tunecast.train.lock import probe_lock
+        from tunecast.storage.lock import probe_lock
+        from tunecast.storage.store import Storage
         from tunecast.train.preflight import check_dataset, check_weights
         from tunecast.train.run import output_url
-        from tunecast.train.store import Storage
 
         check_dataset(loaded.spec)
         probe_lock(Storage(output_url(loaded.spec)))
@@ -264,10 +264,11 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
     try:
         flag.check()
         _quiet_libraries()
+        from tunecast.report.run import redraw
         from tunecast.train.run import TrainRequest, run_training
 
         request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
-                               check_memory=not no_memory_check, started=started, report=report)
+                               check_memory=not no_memory_check, started=started, view=redraw if report else None)
         with listening(estimate_line):  # the memory check before training may trace on first use
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:

@@ -16,11 +16,12 @@ from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
+from tunecast.config.runner import apply_runner
 from tunecast.config.spec import RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
 
 if TYPE_CHECKING:
-    from tunecast.runners.imported import Imported
+    from tunecast.config.imported import Imported
 
 # Placeholder for a missing model while the rest of the config is checked; never leaves this module.
 _MISSING_MODEL = "<missing>"
@@ -141,8 +142,6 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
     spec, field_problems = _validate(raw, locate)
     problems.extend(field_problems)
     if spec is not None and spec.runner != "tunecast":
-        from tunecast.runners.profiles import apply_runner
-
         spec = apply_runner(spec)
     model: ModelConfig | None = None
     gpu: Gpu | None = None

@@ -25,7 +25,7 @@ Optimizer = Literal["adamw", "adamw-foreach", "adamw-8bit", "paged-adamw", "page
 TORCH_ADAMW = ("adamw", "adamw-foreach")
 Attention = Literal["sdpa", "flash", "eager"]
 Loss = Literal["standard", "chunked"]
-# The training tools whose steps tunecast estimates; runners/profiles.py says how each differs (a test keeps the two
+# The training tools whose steps tunecast estimates; config/runner.py says how each differs (a test keeps the two
 # lists equal).
 Runner = Literal["tunecast", "hf-trainer", "trl", "axolotl", "llamafactory", "unsloth", "torchtune"]
 Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]

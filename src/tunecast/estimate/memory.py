@@ -564,9 +564,9 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     if traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
     if spec.runner != "tunecast":
-        from tunecast.runners.profiles import RUNNERS
+        from tunecast.runners.profiles import runner_notes
 
-        step.notes.extend(RUNNERS[spec.runner].notes(spec, device))
+        step.notes.extend(runner_notes(spec, device))
         if closed_form:
             step.notes.append("the closed-form estimate does not run the runner's step: its differences are not in "
                               "these figures")

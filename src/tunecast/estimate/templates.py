@@ -38,7 +38,8 @@ from tunecast.estimate.shape import (
 )
 from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_file
-from tunecast.step.settings import CHUNKING_VARIANTS, TraceSettings
+from tunecast.step.settings import TraceSettings
+from tunecast.step.variants import CHUNKING_VARIANTS
 
 TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())
 # The basis slot of each (b, s) exponent pair a size may have.

@@ -23,6 +23,7 @@ from typing import Any
 
 from tunecast.errors import TunecastError
 from tunecast.report.html import chart, facts, page, paragraph, section, table
+from tunecast.storage.store import Storage
 
 PLAN_FILE = "plan.json"
 REPORT_FILE = "report.html"
@@ -58,10 +59,14 @@ class RunRecords:
         return next((e for e in self.events if e.get("event") == "start"), {})
 
 
+def redraw(storage: Storage, metrics: str, config: str) -> None:
+    """Rewrite a run's report.html from its metrics so far: `train --report` hands this to the run as its view,
+    called at every checkpoint and at the end."""
+    storage.write(REPORT_FILE, run_report(storage.url, RunRecords.parse(metrics), config).encode())
+
+
 def read_run(url: str) -> tuple[RunRecords, str | None, dict[str, Any] | None]:
     """(metrics, config.yaml text, a plan document in the run) of the run at `url` (a folder or storage URL)."""
-    from tunecast.train.store import Storage
-
     storage = Storage(url)
     if not storage.exists("metrics.jsonl"):
         raise TunecastError(f"{url} has no metrics.jsonl: not the output of `tunecast train`", field="RUN_DIR",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tunecast.config.imported import Imported
 from tunecast.runners import mapping as mp
-from tunecast.runners.imported import Imported
 from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
 
 LABEL = "axolotl"

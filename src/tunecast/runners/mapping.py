@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tunecast.config.imported import Imported, Unmapped
 from tunecast.errors import TunecastError, suggestion_text
-from tunecast.runners.imported import Imported, Unmapped
 
 NO_EFFECT = "no effect on memory, time or cost"
 LOGGING = "logging and reporting: " + NO_EFFECT

@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tunecast.config.imported import Imported
 from tunecast.errors import suggestion_text
 from tunecast.runners import mapping as mp
-from tunecast.runners.imported import Imported
 from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
 
 LABEL = "torchtune"

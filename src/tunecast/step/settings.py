@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tunecast.config.spec import RunSpec
+from tunecast.step.variants import runner_step
 
 
 @dataclass(frozen=True)
@@ -34,32 +35,6 @@ TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 # Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
-# How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
-# (step/setup.py, step/forward.py). Which tools do what, with sources: runners/profiles.py.
-STEP_VARIANTS = {
-    "autocast": "bf16 weights computed under bf16 autocast (accelerate's mixed precision, which the transformers "
-                "Trainer turns on with bf16=True whatever dtype the weights were loaded in)",
-    "fp32-outputs": "the logits the model returns copied to fp32 at the end of the forward pass (accelerate's "
-                    "convert_outputs_to_fp32 under mixed precision), alive until the loss is taken",
-    "kbit-fp32": "for QLoRA, every weight that is not 4-bit (embeddings, norms, output head, biases) cast to fp32 "
-                 "(peft's prepare_model_for_kbit_training)",
-    "fused-head": "the loss through a fused output head: logits one tile of 4,096 tokens × 32,768 entries at a "
-                  "time, per-token statistics in fp32, the hidden states' gradient accumulated in fp32 (TRL's "
-                  "SFTTrainer since 1.15); no full logits",
-    "fused-head-cpu": "TRL's fused output head as it runs without Triton (on a CPU): its torch fallback folds each "
-                      "whole tile of 4,096 tokens × 32,768 entries with tile-sized fp32 temporaries (traced from "
-                      "trl/kernels/chunked_logprob.py when TRL is installed; else as on a GPU)",
-    "output-chunks": "the loss in 8 chunks of tokens, each chunk's logits upcast to fp32 and kept for the backward "
-                     "pass (torchtune's LinearCrossEntropyLoss); no full logits",
-    "compiled-loss": "the cross-entropy compiled (torch.compile): its backward keeps the logits in their own dtype "
-                     "and a log-sum-exp per token, not fp32 log-probabilities, and recomputes the softmax",
-    "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
-                    "the backward pass (unsloth's fused cross-entropy); no full logits",
-}
-# Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
-CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss")
-
-
 @dataclass(frozen=True)
 class TraceSettings:
     method: str
@@ -70,7 +45,7 @@ class TraceSettings:
     grad_checkpointing: bool
     attention: str  # sdpa or eager (flash is traced as sdpa: both keep no seq × seq matrix)
     loss: str
-    runner_step: tuple[str, ...] = ()  # STEP_VARIANTS of the runner whose step is estimated (none: tunecast's)
+    runner_step: tuple[str, ...] = ()  # variants.py STEP_VARIANTS of the runner's step (none: tunecast's)
 
     @classmethod
     def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None,
@@ -79,8 +54,6 @@ class TraceSettings:
         targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
         checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
         traced_optimizer = spec.optimizer if spec.optimizer in TRACED_OPTIMIZERS else "adamw"
-        from tunecast.runners.profiles import step_variants
-
         return cls(
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
@@ -91,7 +64,7 @@ class TraceSettings:
             grad_checkpointing=checkpointing,
             attention="eager" if spec.attention == "eager" else "sdpa",
             loss=spec.loss,
-            runner_step=step_variants(spec, device),
+            runner_step=runner_step(spec, device),
         )
 
     def fields(self) -> dict[str, Any]:

@@ -130,10 +130,10 @@ def run_calibration(loaded: LoadedSpec, catalog: Catalog, request: CalibrationRe
 
 def _measure(loaded: LoadedSpec, request: CalibrationRequest, flag: Any, reporter: Any, catalog: Catalog
              ) -> tuple[Collected, dict[str, Any], float]:
+    from tunecast.storage.store import CheckpointStore, Storage, locked
     from tunecast.train.loop import evaluate, save_checkpoint, train
     from tunecast.train.run import TrainRequest, TrainResult, output_url
     from tunecast.train.session import build_session
-    from tunecast.train.store import CheckpointStore, Storage, locked
 
     spec = loaded.spec
     most = request.steps if request.steps is not None else DEFAULT_MAX_STEPS
@@ -432,7 +432,7 @@ def whole_run(spec: RunSpec, predicted: dict[str, Any], measured: dict[str, Any]
 
 def write_calibration(document: dict[str, Any], target: str) -> str:
     """Write the calibration atomically (a local path or a storage URL); returns where."""
-    from tunecast.train.store import Storage
+    from tunecast.storage.store import Storage
 
     if "://" in target:
         parent, _, name = target.rstrip("/").rpartition("/")

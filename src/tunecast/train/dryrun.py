@@ -55,9 +55,9 @@ def planned_device(loaded: LoadedSpec, catalog: Catalog) -> Device:
 
 
 def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
+    from tunecast.storage.store import CheckpointStore, Storage
     from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib
     from tunecast.train.run import output_url, run_length
-    from tunecast.train.store import CheckpointStore, Storage
 
     spec = loaded.spec
     device = planned_device(loaded, catalog)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.config.load import LoadedSpec
+from tunecast.storage.store import Storage, write_set
 from tunecast.train.loop import Session
 from tunecast.train.model import BASE_SAVED, folder_files, save_tokenizer
 from tunecast.train.run import FINAL
-from tunecast.train.store import Storage, write_set
 from tunecast.units import SECONDS_PER_HOUR
 
 

@@ -41,6 +41,7 @@ from tunecast.config.spec import RunSpec
 from tunecast.data.packing import IGNORE_INDEX
 from tunecast.plan.cost import young_daly_interval
 from tunecast.step.forward import forward_backward, forward_loss
+from tunecast.storage.store import MANIFEST, CheckpointStore, Storage, write_files, write_manifest
 from tunecast.train.batches import Batch, TrainData, Unit, collate, eval_batches, micro_batches, rank_passes
 from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import peak_rss_gib
@@ -48,7 +49,6 @@ from tunecast.train.metrics import MetricsLog
 from tunecast.train.optim import TrainOptimizer, lr_factor
 from tunecast.train.signals import Preempted, PreemptionFlag
 from tunecast.train.state import LAYOUT, Progress, capture_rng, checkpoint_files
-from tunecast.train.store import MANIFEST, CheckpointStore, write_files, write_manifest
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
 
@@ -108,6 +108,11 @@ class CheckpointPolicy:
                 f"{self.interruptions_per_hour:g} preemptions/h, {self.rate_source}), at least one minute")
 
 
+# What a run shows of itself as it goes (`train --report`: report.html), given the output's storage, metrics.jsonl
+# so far and config.yaml: drawn by the command layer, called by rank 0 at every checkpoint and at the end.
+RunView = Callable[[Storage, str, str], None]
+
+
 @dataclass
 class Session:
     """Everything one process's run needs, set up by run.py."""
@@ -145,7 +150,7 @@ class Session:
     # A measuring run (`tunecast calibrate`) writes no checkpoint and stops when `stop` says so; a signal then
     # propagates as Preempted, with nothing saved.
     checkpoints: bool = True
-    report: bool = False  # rank 0 rewrites report.html at every checkpoint and at the end (`train --report`)
+    view: RunView | None = None  # rank 0 calls it at every checkpoint and at the end (`train --report`)
     stop: Callable[[Progress], bool] | None = None
 
 
@@ -204,7 +209,7 @@ def save_checkpoint(session: Session, reason: str) -> float:
                        {"step": progress.step, **session.manifest_meta, "layout": LAYOUT,
                         "world_size": engine.world.size, "optimizer_state": progress.step > 0})
         store.prune(session.spec.checkpoint.keep, newest=progress.step)
-        refresh_report(session)
+        refresh_view(session)
     engine.barrier()  # every rank leaves once the checkpoint exists
     seconds = time.monotonic() - started
     session.policy.saved(seconds)
@@ -321,7 +326,7 @@ def train(session: Session) -> Outcome:
     try:
         while True:
             # 1. what is due between steps; a run that lost its output's lock (paused past its stale age, and taken
-            # over) stops here rather than at its next write (no I/O unless the process was paused: lock.py)
+            # over) stops here rather than at its next write (no I/O unless the process was paused: storage/lock.py)
             session.store.storage.check()
             if _eval_due(session):
                 _run_eval(session)
@@ -436,16 +441,12 @@ def lost_peer(error: BaseException) -> bool:
                                          "Broken pipe", "timed out", "Timed out"))
 
 
-def refresh_report(session: Session) -> None:
-    """`train --report`: report.html rewritten from the metrics so far (rank 0). A report that cannot be written
-    is said and training goes on: it is a view of the run, not part of it."""
-    if not session.report or not session.engine.world.main:
+def refresh_view(session: Session) -> None:
+    """Rank 0 hands the run so far to its view (`train --report` draws report.html from it). A view that fails is
+    said and training goes on: it shows the run, it is not part of it."""
+    if session.view is None or not session.engine.world.main:
         return
     try:
-        from tunecast.report.run import REPORT_FILE, RunRecords, run_report
-
-        storage = session.store.storage
-        text = run_report(storage.url, RunRecords.parse(session.metrics.path.read_text()), session.config_yaml)
-        storage.write(REPORT_FILE, text.encode())
+        session.view(session.store.storage, session.metrics.path.read_text(), session.config_yaml)
     except Exception as error:  # any failure of the view leaves the run as it is
-        session.reporter.event("report", f"{REPORT_FILE} not updated: {type(error).__name__}: {error}")
+        session.reporter.event("report", f"view of the run not updated: {type(error).__name__}: {error}")

@@ -16,8 +16,8 @@ import yaml
 
 from tunecast.catalog.store import Catalog
 from tunecast.errors import TunecastError
+from tunecast.storage.store import Storage, read_set, write_set
 from tunecast.train.run import CONFIG_FILE, FINAL, final_complete
-from tunecast.train.store import Storage, read_set, write_set
 
 MERGED = "merged"
 

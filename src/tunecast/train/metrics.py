@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tunecast.train.store import WRITE_HINT, Storage, WriteFailed
+from tunecast.storage.store import WRITE_HINT, Storage, WriteFailed
 
 METRICS = "metrics.jsonl"
 

@@ -158,7 +158,7 @@ def save_base(model: Any, counter: TokenizerCounter, storage: Any) -> None:
     """Keep random base weights with the run (`base/`), so the adapter has a base to load and merge into."""
     import tempfile
 
-    from tunecast.train.store import write_set
+    from tunecast.storage.store import write_set
 
     with tempfile.TemporaryDirectory(prefix="tunecast-base-") as temporary:
         folder = Path(temporary)

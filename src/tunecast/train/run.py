@@ -3,7 +3,7 @@ part the loop needs. The output directory (or storage URL) is the run's identity
 
 Order of work, each step checking the preemption flag so a signal during set-up also stops cleanly:
 
-1. the output: `--fresh` moves an old run aside first; a lock makes this process its only writer (lock.py),
+1. the output: `--fresh` moves an old run aside first; a lock makes this process its only writer (storage/lock.py),
    from before anything loads to after `final/`;
 2. the newest checkpoint that verifies (newer broken ones are named and skipped) and the config policy:
    a change that alters shapes, numerics or the data order is refused, a harmless one is allowed with a
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -33,8 +33,7 @@ from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec, flatten
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, SharedError, TunecastError
-from tunecast.train.signals import PreemptionFlag
-from tunecast.train.store import (
+from tunecast.storage.store import (
     CHECKPOINTS,
     LOCK,
     WRITE_HINT,
@@ -47,6 +46,10 @@ from tunecast.train.store import (
     read_set,
     step_name,
 )
+from tunecast.train.signals import PreemptionFlag
+
+if TYPE_CHECKING:
+    from tunecast.train.loop import RunView  # loop.py imports torch: imported when the run starts
 
 FINAL = "final"
 BASE = "base"
@@ -70,7 +73,7 @@ class TrainRequest:
     # examples of the dataset are read
     measuring: bool = False
     data_limit: int | None = None
-    report: bool = False  # keep report.html in the output up to date (at every checkpoint and at the end)
+    view: RunView | None = None  # shows the run as it goes (loop.RunView; `train --report`)
 
 
 @dataclass
@@ -163,7 +166,7 @@ def move_aside(storage: Storage) -> str | None:
 
 
 def final_complete(storage: Storage) -> bool:
-    from tunecast.train.store import InvalidSet
+    from tunecast.storage.store import InvalidSet
 
     try:
         read_set(storage, FINAL, keep=False)
@@ -309,9 +312,9 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
             result.steps = found.step if found is not None else 0
             return result
         found = None
-        from tunecast.train.loop import refresh_report, train
+        from tunecast.train.loop import refresh_view, train
 
-        session.report = request.report
+        session.view = request.view
         outcome = train(session)
         result.steps = outcome.progress.step
         result.total_steps = session.total_steps
@@ -334,7 +337,7 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
                                "elapsed_s": round(outcome.progress.elapsed_s, 3),
                                "cost_usd": round(outcome.progress.cost_usd, 4)})
         session.metrics.sync()
-        refresh_report(session)
+        refresh_view(session)
         session.metrics.close()
         result.finished = True
         result.final = storage.url_of(FINAL)

@@ -22,6 +22,7 @@ from tunecast.config.spec import STRATEGY_ENGINES
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.step.settings import TraceSettings
 from tunecast.step.setup import decoder_layers, prepare_for_training
+from tunecast.storage.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder
 from tunecast.train.batches import run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost
@@ -52,7 +53,6 @@ from tunecast.train.run import (
 )
 from tunecast.train.signals import PreemptionFlag, stop_within_layers
 from tunecast.train.state import LAYOUT, STATE, TRAINABLE, Progress, restore, restore_legacy, seed_ranks
-from tunecast.train.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder
 from tunecast.train.world import world_from_env
 
 

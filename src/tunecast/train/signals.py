@@ -10,7 +10,7 @@ one-process run also checks it at every decoder layer's forward and backward pas
 The handlers are installed when the `train` command starts, before torch and transformers are imported,
 so a signal that arrives while the libraries load is not lost either. Once the flag is set further signals
 change nothing: a second SIGTERM during the save cannot interrupt the write (and a SIGKILL leaves the
-previous checkpoint intact, see store.py).
+previous checkpoint intact, see storage/store.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ state: there is none yet, and making one would count a step that never ran.
 Checkpoints of earlier tunecast versions (`trainable.safetensors`, `optimizer.pt`, `rng.pt`) still resume,
 in one process.
 
-Bytes, manifests and atomicity are the store's (store.py); this module knows only what the bytes mean.
+Bytes, manifests and atomicity are the store's (storage/store.py); this module knows only what the bytes mean.
 """
 
 from __future__ import annotations

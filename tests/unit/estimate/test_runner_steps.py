@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 from tests.models import tiny_llama
 
+from tunecast.config.runner import RUNNERS, apply_runner, runner_defaults
 from tunecast.config.spec import Runner, RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
 from tunecast.estimate.shape import build_meta_model
 from tunecast.estimate.tracer import ALLOC, trace_step
-from tunecast.runners.profiles import OWN_LOSSES, RUNNERS, apply_runner, runner_defaults, step_variants
 from tunecast.step import loss
-from tunecast.step.settings import CHUNKING_VARIANTS, STEP_VARIANTS, TraceSettings
+from tunecast.step.settings import TraceSettings
+from tunecast.step.variants import CHUNKING_VARIANTS, OWN_LOSSES, STEP_VARIANTS, runner_step
 
 BATCH, SEQ = 2, 128
 
@@ -33,12 +34,12 @@ def test_every_runner_of_the_config_has_a_profile_and_known_variants() -> None:
     for runner in RUNNERS.values():
         for method in ("full", "lora", "qlora"):
             for precision in ("bf16", "bf16-mixed", "fp32"):
-                variants = runner.variants(RunSpec(model="x", method=method, precision=precision))
+                variants = runner_step(RunSpec(model="x", method=method, precision=precision, runner=runner.name))
                 assert set(variants) <= set(STEP_VARIANTS)
                 losses = [v for v in variants if v in OWN_LOSSES]
                 assert len(losses) <= 1 and not (losses and "fp32-outputs" in variants)
                 assert set(losses) <= set(CHUNKING_VARIANTS)
-    assert step_variants(RunSpec(model="x")) == ()
+    assert runner_step(RunSpec(model="x")) == ()
 
 
 def test_tunecast_settings_key_as_before_runners_existed() -> None:
@@ -78,7 +79,7 @@ def test_kbit_preparation_casts_every_weight_but_the_4bit_ones_to_fp32() -> None
     rest = sum(p.numel() for p in model.parameters() if id(p) not in linears)
     grown = prepared.phases["forward"].breakdown["weights"] - ours.phases["forward"].breakdown["weights"]
     assert grown == rest * 2  # bf16 -> fp32: two more bytes each (embeddings, head, norms)
-    assert step_variants(RunSpec(model="x", method="qlora", runner="hf-trainer", precision="fp32")) == ("kbit-fp32",)
+    assert runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer", precision="fp32")) == ("kbit-fp32",)
     assert theirs.phases["forward"].breakdown["weights"] > 0
 
 
@@ -182,9 +183,9 @@ def test_trl_on_the_cpu_traces_its_own_fallback_head() -> None:
     (TRL is installed with the dev extra); a GPU estimate keeps the kernels' memory."""
     pytest.importorskip("trl.kernels.chunked_logprob")
     spec = RunSpec(model="x", method="lora", runner="trl")
-    assert "fused-head" in step_variants(spec) and "fused-head-cpu" not in step_variants(spec)
-    assert "fused-head-cpu" in step_variants(spec, "cpu") and "fused-head" not in step_variants(spec, "cpu")
-    assert TraceSettings.from_spec(spec, device="cpu").runner_step == step_variants(spec, "cpu")
+    assert "fused-head" in runner_step(spec) and "fused-head-cpu" not in runner_step(spec)
+    assert "fused-head-cpu" in runner_step(spec, "cpu") and "fused-head" not in runner_step(spec, "cpu")
+    assert TraceSettings.from_spec(spec, device="cpu").runner_step == runner_step(spec, "cpu")
     config = tiny_llama(num_hidden_layers=2, vocab_size=40000)  # two TRL tiles of the vocabulary
     _, on_gpu = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head",)))
     _, fallback = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head-cpu",)))

@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
+from tunecast.config.imported import Imported
 from tunecast.config.spec import RunSpec
-from tunecast.runners.imported import Imported
 from tunecast.runners.mapping import leaves
 
 DATA = Path(__file__).parents[2] / "data" / "runners"

@@ -2,7 +2,8 @@
 
 from tests.conftest import REPO
 
-from tunecast.runners.profiles import RUNNERS, differences_table
+from tunecast.config.runner import RUNNERS
+from tunecast.runners.profiles import differences_table
 
 
 def test_the_documented_table_is_the_profiles_table() -> None:

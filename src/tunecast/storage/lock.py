@@ -29,7 +29,7 @@ import uuid
 from typing import Any
 
 from tunecast.errors import TunecastError
-from tunecast.train.store import LOCK, UNSUPPORTED, WRITE_HINT, Storage, WriteFailed
+from tunecast.storage.store import LOCK, UNSUPPORTED, WRITE_HINT, Storage, WriteFailed
 
 # A lock on object storage cannot be tied to a process; its holder refreshes it every period, and one not refreshed
 # for STALE_PERIODS periods belongs to a machine that is gone (a spot VM reclaimed without notice). Several periods,

@@ -431,7 +431,7 @@ class CheckpointStore:
 @contextlib.contextmanager
 def locked(storage: Storage) -> Iterator[Any]:
     """The run's lock on `storage` (lock.py's RunLock), held inside the block."""
-    from tunecast.train.lock import RunLock  # lock.py builds on this module
+    from tunecast.storage.lock import RunLock  # lock.py builds on this module
 
     lock = RunLock(storage)
     lock.acquire()

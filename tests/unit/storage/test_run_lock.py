@@ -1,4 +1,4 @@
-"""The run's lock (`tunecast.train.lock`): on object storage a background thread keeps it fresh whatever the run
+"""The run's lock (`tunecast.storage.lock`): on object storage a background thread keeps it fresh whatever the run
 is doing, a takeover needs it stale for several periods, and a run that lost it writes nothing more; locally a full
 disk while taking it is a user error; `probe_lock` refuses a busy output without taking anything.
 
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tunecast.errors import TunecastError
-from tunecast.train import lock as run_lock
-from tunecast.train.lock import LockLost, RunLock, lock_periods, probe_lock
-from tunecast.train.store import LOCK, Storage
+from tunecast.storage import lock as run_lock
+from tunecast.storage.lock import LockLost, RunLock, lock_periods, probe_lock
+from tunecast.storage.store import LOCK, Storage
 
 REFRESH_S = 0.2  # stale after 6 periods: 1.2 s
 
@@ -187,8 +187,8 @@ def test_a_full_disk_while_taking_a_local_lock_is_a_user_error(tmp_path: Path, m
 
 HOLDER = textwrap.dedent("""
     import sys
-    from tunecast.train.lock import RunLock
-    from tunecast.train.store import Storage
+    from tunecast.storage.lock import RunLock
+    from tunecast.storage.store import Storage
     lock = RunLock(Storage(sys.argv[1]))
     lock.acquire()
     print("locked", flush=True)

@@ -1,4 +1,4 @@
-"""The checkpoint store (`tunecast.train.store`): sets are whole or skipped with a reason, pruning keeps the
+"""The checkpoint store (`tunecast.storage.store`): sets are whole or skipped with a reason, pruning keeps the
 newest complete ones, a failed save leaves the previous checkpoint loadable, and one run holds its output.
 
 Backends: a local folder, fsspec's `memory://` and S3 (moto on loopback, `s3_url` in tests/s3server.py).
@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 
 from tunecast.errors import TunecastError
-from tunecast.train import lock as run_lock
-from tunecast.train import store
-from tunecast.train.lock import REMOTE_LOCK_STALE_S, RunLock
-from tunecast.train.store import (
+from tunecast.storage import lock as run_lock
+from tunecast.storage import store
+from tunecast.storage.lock import REMOTE_LOCK_STALE_S, RunLock
+from tunecast.storage.store import (
     MANIFEST,
     CheckpointStore,
     InvalidSet,
@@ -391,8 +391,8 @@ def test_a_second_local_lock_is_refused_until_the_first_is_released(tmp_path: Pa
 
 HOLD_LOCK = textwrap.dedent("""
     import sys, time
-    from tunecast.train.lock import RunLock
-    from tunecast.train.store import Storage
+    from tunecast.storage.lock import RunLock
+    from tunecast.storage.store import Storage
     lock = RunLock(Storage(sys.argv[1]))  # held by a name: a collected RunLock closes its file, and the lock
     lock.acquire()
     print("locked", flush=True)
@@ -521,7 +521,7 @@ def test_the_s3_endpoint_comes_from_aws_endpoint_url(s3_url: str, s3_endpoint: s
     import fsspec
     from tests.s3server import FAKE_AWS_ENV
 
-    writer = "import sys\nfrom tunecast.train.store import Storage\nStorage(sys.argv[1]).write('hello.txt', b'hello')\n"
+    writer = "import sys\nfrom tunecast.storage.store import Storage\nStorage(sys.argv[1]).write('hello.txt', b'hello')\n"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}, **FAKE_AWS_ENV,
            "AWS_ENDPOINT_URL": s3_endpoint}
     subprocess.run([sys.executable, "-c", writer, s3_url], env=env, check=True, timeout=60)

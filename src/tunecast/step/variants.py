@@ -1,0 +1,55 @@
+"""How other tools' training steps differ from tunecast's, as the tracer runs them: each variant by name, and which
+of them a config's runner runs (`runner_step`). Which tool names which variants, with sources: config/runner.py."""
+
+from __future__ import annotations
+
+from tunecast.config.runner import RUNNERS
+from tunecast.config.spec import RunSpec
+
+# How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
+# (setup.py, forward.py, loss.py). Which tools run which, with sources: config/runner.py.
+STEP_VARIANTS = {
+    "autocast": "bf16 weights computed under bf16 autocast (accelerate's mixed precision, which the transformers "
+                "Trainer turns on with bf16=True whatever dtype the weights were loaded in)",
+    "fp32-outputs": "the logits the model returns copied to fp32 at the end of the forward pass (accelerate's "
+                    "convert_outputs_to_fp32 under mixed precision), alive until the loss is taken",
+    "kbit-fp32": "for QLoRA, every weight that is not 4-bit (embeddings, norms, output head, biases) cast to fp32 "
+                 "(peft's prepare_model_for_kbit_training)",
+    "fused-head": "the loss through a fused output head: logits one tile of 4,096 tokens × 32,768 entries at a "
+                  "time, per-token statistics in fp32, the hidden states' gradient accumulated in fp32 (TRL's "
+                  "SFTTrainer since 1.15); no full logits",
+    "fused-head-cpu": "TRL's fused output head as it runs without Triton (on a CPU): its torch fallback folds each "
+                      "whole tile of 4,096 tokens × 32,768 entries with tile-sized fp32 temporaries (traced from "
+                      "trl/kernels/chunked_logprob.py when TRL is installed; else as on a GPU)",
+    "output-chunks": "the loss in 8 chunks of tokens, each chunk's logits upcast to fp32 and kept for the backward "
+                     "pass (torchtune's LinearCrossEntropyLoss); no full logits",
+    "compiled-loss": "the cross-entropy compiled (torch.compile): its backward keeps the logits in their own dtype "
+                     "and a log-sum-exp per token, not fp32 log-probabilities, and recomputes the softmax",
+    "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
+                    "the backward pass (unsloth's fused cross-entropy); no full logits",
+}
+# Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
+CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss")
+# Variants that take the loss from the hidden states themselves (the model returns no logits).
+OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks")
+# Variants a step runs otherwise where its tool finds no GPU kernels: on the CPU (`--device cpu`).
+ON_CPU = {"fused-head": "fused-head-cpu"}
+# Precisions under which a tool built on the transformers Trainer runs accelerate's autocast (bf16=True or
+# fp16=True in its arguments; `bf16` here is bf16 weights with the Trainer's bf16=True): its `mixed_step` runs.
+MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
+
+
+def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
+    """The variants the tracer runs for `spec`'s runner on `device` (none for tunecast's own step)."""
+    runner = RUNNERS[spec.runner]
+    chosen = [*runner.step, *(runner.mixed_step if spec.precision in MIXED else ())]
+    if device == "cpu":
+        chosen = [ON_CPU.get(variant, variant) for variant in chosen]
+    if spec.method == "qlora":
+        chosen += runner.qlora_step
+    if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy
+        chosen = [variant for variant in chosen if variant != "fp32-outputs"]
+    if spec.compile and not any(v in ("fused-head", "fused-head-cpu", "fused-chunks") for v in chosen):
+        # those hold no logits
+        chosen.append("compiled-loss")
+    return tuple(dict.fromkeys(chosen))
