@@ -45,10 +45,10 @@ def child(case: str, keep: bool) -> dict:
 
     from tunecast.catalog.store import load_catalog
     from tunecast.config.spec import RunSpec
-    from tunecast.estimate.shape import hf_config, shallow_config_data
     from tunecast.step.forward import forward_backward
     from tunecast.step.settings import TraceSettings
     from tunecast.step.setup import make_optimizer, param_dtype, prepare_for_training, training_config
+    from tunecast.step.shape import hf_config, shallow_config_data
     from tunecast.train.host_memory import keep_freed_memory
     from tunecast.train.session import resident_gib
 

@@ -70,7 +70,7 @@ CASES: dict[str, tuple[str, dict]] = {
     "gpt-oss-20b-2l-lora-attn": ("openai/gpt-oss-20b", {"method": "lora", "lora": {"rank": 16, "targets": _ATTENTION},
                                                        "micro_batch": 1, "seq_len": 64, "attention": "eager"}),
 }
-# Decoder layers kept of a case's published config (tunecast.estimate.shape.shallow_config_data: per-layer lists
+# Decoder layers kept of a case's published config (tunecast.step.shape.shallow_config_data: per-layer lists
 # such as gpt-oss's `layer_types` are cut to match). Weights in bf16: Qwen3-30B-A3B 2 layers 3.5 GiB (the experts
 # 2.25 of it), Mixtral-8x7B 1 layer 3.2 GiB (experts 2.6), gpt-oss-20b 2 layers 5.2 GiB (experts 3.0).
 SHRUNK: dict[str, int] = {"qwen3-30b-a3b-2l-lora-attn": 2, "mixtral-8x7b-1l-lora-attn": 1,
@@ -193,7 +193,7 @@ def _case_config(catalog: Any, name: str, model: str) -> tuple[dict, str]:
     assert found is not None, model
     if name not in SHRUNK:
         return found.data, model
-    from tunecast.estimate.shape import shallow_config_data
+    from tunecast.step.shape import shallow_config_data
 
     layers = SHRUNK[name]
     return shallow_config_data(found.data, layers), f"{model} ({layers} layer{'s' if layers > 1 else ''})"

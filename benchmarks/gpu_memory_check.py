@@ -50,10 +50,10 @@ def run_case(config: dict[str, Any], settings: dict[str, Any], device: str) -> d
     from transformers import AutoModelForCausalLM
 
     from tunecast.config.spec import RunSpec
-    from tunecast.estimate.shape import hf_config
     from tunecast.step.forward import forward_backward
     from tunecast.step.settings import TraceSettings
     from tunecast.step.setup import compute_dtype, make_optimizer, param_dtype, prepare_for_training, training_config
+    from tunecast.step.shape import hf_config
     from tunecast.train.quantize import quantize_nf4
 
     spec = RunSpec.model_validate({"model": "x", **settings})

@@ -106,7 +106,7 @@ def main() -> int:
     from tunecast.catalog.store import load_catalog
     from tunecast.config.spec import RunSpec
     from tunecast.estimate.memory import estimate_memory
-    from tunecast.estimate.shape import shallow_config_data
+    from tunecast.step.shape import shallow_config_data
 
     found = load_catalog(None).models.find(args.model)
     assert found is not None, args.model

@@ -171,7 +171,7 @@ def accelerate_says(config: dict[str, Any], precision: str) -> float:
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
 
-    from tunecast.estimate.shape import build_meta_model
+    from tunecast.step.shape import build_meta_model
 
     model = build_meta_model(config, dtype=torch.float32)
     total, _ = calculate_maximum_sizes(model)

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.shape import hf_config
 from tunecast.step.settings import TraceSettings
 from tunecast.step.setup import make_optimizer, param_dtype, prepare_for_training, training_config
+from tunecast.step.shape import hf_config
 
 
 def build(config: dict[str, Any], settings: dict[str, Any]) -> tuple[RunSpec, Any, Any]:

@@ -118,8 +118,8 @@ def child(runner: str, config: dict, run: dict, fold_rows: bool = False, live: b
     import transformers.trainer
     from transformers import AutoModelForCausalLM
 
-    from tunecast.estimate.shape import hf_config
     from tunecast.step.setup import training_config
+    from tunecast.step.shape import hf_config
 
     if runner == "trl":
         import trl

@@ -25,8 +25,8 @@ from pathlib import Path
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import templates
-from tunecast.estimate.shape import sliding_window, text_config_data
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import sliding_window, text_config_data
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "tunecast" / "estimate" / "data" / "templates"
 SUFFIX = ".json.xz"

@@ -11,7 +11,7 @@ import sys
 from tunecast.catalog.models import MODEL_COLUMNS, ModelEntry, read_config_file
 from tunecast.catalog.rows import parse_rows, write_rows
 from tunecast.catalog.store import MODELS_DIR, MODELS_FILE, bundled_data_dir
-from tunecast.estimate.shape import build_meta_model, count_parameters
+from tunecast.step.shape import build_meta_model, count_parameters
 
 
 def main() -> int:

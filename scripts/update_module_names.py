@@ -17,7 +17,7 @@ from tunecast.catalog.models import ModelEntry, read_config_file
 from tunecast.catalog.modules import MODULES_FILE, patterns
 from tunecast.catalog.rows import parse_rows
 from tunecast.catalog.store import MODELS_DIR, MODELS_FILE, bundled_data_dir
-from tunecast.estimate.shape import build_meta_model, num_layers, shallow_config_data, text_config_data
+from tunecast.step.shape import build_meta_model, num_layers, shallow_config_data, text_config_data
 from tunecast.step.targets import module_table
 
 

@@ -12,48 +12,6 @@ if sys.argv[1:2] == ["train"]:
 
     fix_cpu_threads()
 
-from typing import Any
-
-_VALUED_OPTIONS = ("--catalog",)  # global options followed by a value
-
-
-def command_word(argv: list[str]) -> str | None:
-    """The command `argv` runs (its first word that is not an option or an option's value), or None: no
-    command, or help or the version asked before it. Read before anything heavy is imported (cli/warm.py)."""
-    words = iter(argv)
-    for word in words:
-        if word in ("-h", "--help", "--version"):
-            return None
-        if word in _VALUED_OPTIONS:
-            next(words, None)
-        elif not word.startswith("-"):
-            return word
-    return None
-
-
-def main(argv: list[str] | None = None) -> None:
-    """The console script. A quick command is run by the warm server when one is up (cli/warm.py); any other,
-    or one given `argv` (tests, embedding), runs in this process."""
-    if argv is None:
-        from tunecast.cli.warm import run_warm
-
-        try:
-            status = run_warm(sys.argv[1:])
-        except KeyboardInterrupt:  # before a served command started (it is stopped with its caller)
-            sys.exit(130)
-        if status is not None:
-            sys.exit(status)
-    from tunecast.cli.app import main as run
-
-    run(argv)
-
-
-def __getattr__(name: str) -> Any:  # `from tunecast.cli import app` without importing it on the warm path
-    if name == "app":
-        from tunecast.cli.app import app
-
-        return app
-    raise AttributeError(name)
-
+from tunecast.cli.app import app, main  # noqa: E402  (after the handlers above)
 
 __all__ = ["app", "main"]

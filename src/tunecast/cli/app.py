@@ -7,18 +7,23 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from typer._click.exceptions import ClickException  # Typer bundles its own click
 
-from tunecast.catalog.store import Catalog, load_catalog
-from tunecast.cli import command_word
 from tunecast.cli.render import err, report_error
 from tunecast.errors import SharedError, TunecastError
 from tunecast.paths import default_user_catalog_dir
 from tunecast.version import __version__
+
+if TYPE_CHECKING:
+    from tunecast.catalog.store import Catalog
+
+# What is imported here, and by each command module at its top, is what `tunecast --help` and every command pay
+# for before they start: typer, rich and tunecast's light modules (errors, paths, units). The library (pydantic
+# models, the catalog, the estimator) is imported inside the commands that use it.
 
 app = typer.Typer(
     name="tunecast",
@@ -39,12 +44,16 @@ class State:
     debug: bool = False
 
     def catalog(self) -> Catalog:
+        from tunecast.catalog.store import load_catalog
+
         directory = self.catalog_dir if self.catalog_dir is not None else default_user_catalog_dir()
         return load_catalog(directory.expanduser().resolve())
 
 
 def _version(value: bool) -> None:
     if value:
+        from tunecast.catalog.store import load_catalog
+
         catalog_version = load_catalog(None).version
         typer.echo(f"tunecast {__version__} (catalog {catalog_version})")
         raise typer.Exit()
@@ -69,8 +78,8 @@ def state(ctx: typer.Context) -> State:
     return obj if isinstance(obj, State) else State()
 
 
-# The module that registers each command. A command imports its own module only (a warm `tunecast memory` is
-# mostly imports); no command, help or an unknown word imports them all. tests/integration/test_cli.py holds this
+# The module that registers each command. A command imports its own module only (a cold `tunecast memory` need not
+# pay for the others' imports); no command, help or an unknown word imports them all. tests/integration/test_cli.py holds this
 # table to what the modules register.
 COMMAND_MODULES = {
     "gpus": "catalog_cmds", "offers": "catalog_cmds", "models": "catalog_cmds",
@@ -93,6 +102,23 @@ def register(modules: list[str] | None = None) -> None:
         if name not in _REGISTERED:
             importlib.import_module(f"tunecast.cli.{name}").register(app)
             _REGISTERED.append(name)
+
+
+_VALUED_OPTIONS = ("--catalog",)  # global options followed by a value
+
+
+def command_word(argv: list[str]) -> str | None:
+    """The command `argv` runs (its first word that is not an option or an option's value), or None: no
+    command, or help or the version asked before it."""
+    words = iter(argv)
+    for word in words:
+        if word in ("-h", "--help", "--version"):
+            return None
+        if word in _VALUED_OPTIONS:
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def _command_module(argv: list[str]) -> str | None:

@@ -219,7 +219,7 @@ def models_add_command(
 ) -> None:
     """Add a model config to your catalog, with its exact parameter count (builds it on the meta device)."""
     from tunecast.catalog.user import add_model, read_model_config
-    from tunecast.estimate.shape import build_meta_model, count_parameters
+    from tunecast.step.shape import build_meta_model, count_parameters
 
     st = state(ctx)
     data = read_model_config(config)

@@ -7,15 +7,17 @@ import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.status import Status
 
 from tunecast.errors import Problem, TunecastError, error_document
 from tunecast.estimate.progress import listening
 from tunecast.version import stamped
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 # `--check` (memory, plan): the exit status of a run that does not fit, apart from 0 (fits), 1 (a bug) and 2 (a user
 # error), so that a CI job or launch script can tell "does not fit" from "could not tell".

@@ -27,9 +27,9 @@ from tunecast.estimate import replays
 from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
-from tunecast.estimate.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.estimate.tracer import CATEGORIES
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.units import BYTES_PER_GIB, format_params
 
 PHASES = ("forward", "backward", "optimizer")

@@ -20,7 +20,9 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress
 from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
-from tunecast.estimate.shape import (
+from tunecast.paths import cache_file
+from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import (
     layer_period,
     num_layers,
     shallow_config_data,
@@ -28,8 +30,6 @@ from tunecast.estimate.shape import (
     sliding_window_offset,
     text_config_data,
 )
-from tunecast.paths import cache_file
-from tunecast.step.settings import TraceSettings
 
 PROFILE_FORMAT = 18  # bump when what a profile holds changes
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tunecast.estimate.shape import WINDOW_UNLESS_USED
+from tunecast.step.shape import WINDOW_UNLESS_USED
 
 VARIABLES = ("kv", "g", "hd2", "x", "i", "V", "r", "b", "s", "e", "k", "m")
 Term = tuple[int, tuple[int, ...]]

@@ -27,7 +27,10 @@ from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
-from tunecast.estimate.shape import (
+from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
+from tunecast.paths import cache_file
+from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import (
     has_experts,
     layer_period,
     num_layers,
@@ -36,9 +39,6 @@ from tunecast.estimate.shape import (
     sliding_window_offset,
     text_config_data,
 )
-from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
-from tunecast.paths import cache_file
-from tunecast.step.settings import TraceSettings
 from tunecast.step.variants import CHUNKING_VARIANTS
 
 TEMPLATE_FORMAT = 3  # 3: events stored by column (columns())

@@ -369,8 +369,8 @@ def _fakeify(model: Any, mode: Any) -> None:
 
 def build_training_model(config_data: dict[str, Any], settings: TraceSettings) -> Any:
     """The model exactly as it is trained (dtype, adapters, checkpointing), on the meta device."""
-    from tunecast.estimate.shape import build_meta_model
     from tunecast.step.setup import param_dtype, prepare_for_training, training_config
+    from tunecast.step.shape import build_meta_model
 
     model = build_meta_model(training_config(config_data), dtype=param_dtype(settings.precision),
                              attention=settings.attention)

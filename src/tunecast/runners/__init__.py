@@ -1,2 +1,3 @@
-"""Other tools' training runs: what their steps do differently from tunecast's (`--runner`), and their configs
-(`--from`, `tunecast export axolotl|llamafactory`)."""
+"""Other tools' training runs: their configs read into tunecast's (`--from`) and written from it (`tunecast export
+axolotl|llamafactory`), and how their steps differ from tunecast's in words (profiles.py). What each runner is
+(`runner:`, its defaults and step variants) is config/runner.py's."""

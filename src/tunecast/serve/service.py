@@ -295,8 +295,8 @@ class Service:
         config; another config under a name already taken gets that name with its digest."""
         from tunecast.catalog.models import ModelIndex
         from tunecast.catalog.user import add_model
-        from tunecast.estimate.shape import build_meta_model, count_parameters
         from tunecast.serve.uploads import checked_model_config, dropped_model_name, model_digest, same_model
+        from tunecast.step.shape import build_meta_model, count_parameters
 
         config = checked_model_config(config_json)
         wanted = dropped_model_name(config, name, file_name)

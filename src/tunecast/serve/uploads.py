@@ -70,7 +70,7 @@ _EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 def checked_model_config(config: dict[str, Any]) -> dict[str, Any]:
     """A dropped config.json, if it is a Hugging Face model config (it names its model_type) of a size a model
     has."""
-    from tunecast.estimate.shape import num_layers, text_config_data
+    from tunecast.step.shape import num_layers, text_config_data
 
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type.strip():

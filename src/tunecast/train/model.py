@@ -27,8 +27,8 @@ from tunecast.catalog.models import ModelConfig
 from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
 from tunecast.errors import TunecastError
-from tunecast.estimate.shape import hf_config
 from tunecast.step.setup import compute_dtype, param_dtype, training_config
+from tunecast.step.shape import hf_config
 from tunecast.train.preflight import check_weights, has_weights
 
 BASE_SAVED = "base"  # where a run keeps the random base weights it drew (beside checkpoints/)

@@ -91,7 +91,7 @@ def test_published_parameter_counts(catalog, name, params) -> None:
 
 
 def test_every_stored_parameter_count_is_recomputed_on_the_meta_device(catalog) -> None:
-    from tunecast.estimate.shape import build_meta_model, count_parameters
+    from tunecast.step.shape import build_meta_model, count_parameters
 
     wrong = {}
     for name in catalog.models.names:

@@ -81,7 +81,7 @@ def test_an_empty_target_list_is_refused(catalog) -> None:
 
 
 def test_the_table_holds_what_transformers_builds_for_every_catalog_architecture() -> None:
-    from tunecast.estimate.shape import build_meta_model, shallow_config_data, text_config_data
+    from tunecast.step.shape import build_meta_model, shallow_config_data, text_config_data
     from tunecast.step.targets import module_table
 
     table = _table()
@@ -100,9 +100,9 @@ def test_the_table_holds_what_transformers_builds_for_every_catalog_architecture
 
 
 def test_an_architecture_the_table_lacks_is_checked_on_the_built_model(tmp_path: Path, catalog) -> None:
-    from tunecast.estimate.shape import build_meta_model
     from tunecast.step.settings import AdapterSettings
     from tunecast.step.setup import apply_adapters
+    from tunecast.step.shape import build_meta_model
 
     config = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,

@@ -9,8 +9,8 @@ from tunecast.config.spec import RunSpec
 from tunecast.estimate.analytic import Shape, activation_bytes_per_token_layer, analytic_peak_bytes, supports
 from tunecast.estimate.memory import _replayed
 from tunecast.estimate.profiles import get_profiles
-from tunecast.estimate.shape import build_meta_model, count_parameters
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import build_meta_model, count_parameters
 
 
 def traced_backward_peak(config: dict[str, Any], spec: RunSpec) -> dict[str, float]:
@@ -50,8 +50,8 @@ def test_closed_form_agrees_with_the_trace(config, settings) -> None:
 def test_a_layers_activations_equal_the_formula_exactly(config, settings) -> None:
     """What one more decoder layer keeps at the start of the backward pass, traced, against the formula."""
     from tunecast.estimate.profile import profile_from_trace, replay
-    from tunecast.estimate.shape import shallow_config_data
     from tunecast.estimate.tracer import trace_step
+    from tunecast.step.shape import shallow_config_data
 
     spec = RunSpec.model_validate({"model": "x", **settings})
     trace_settings = TraceSettings.from_spec(spec)

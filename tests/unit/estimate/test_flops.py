@@ -16,9 +16,9 @@ import pytest
 from tests.models import tiny_llama
 
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.shape import build_meta_model
 from tunecast.estimate.tracer import trace_step
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import build_meta_model
 
 CONFIG = tiny_llama(num_hidden_layers=2, hidden_size=128, intermediate_size=384, vocab_size=1024)
 BATCH, SEQ = 2, 256

@@ -36,8 +36,8 @@ def test_nf4_weights_and_constants_match_bitsandbytes_tensors(catalog) -> None:
     """The NF4 formula against the bytes of real bitsandbytes Linear4bit layers (double quantization)."""
     from transformers import AutoModelForCausalLM
 
-    from tunecast.estimate.shape import hf_config
     from tunecast.step.setup import decoder_layers
+    from tunecast.step.shape import hf_config
     from tunecast.train.quantize import quantize_nf4
 
     config = tiny_llama(hidden_size=512, intermediate_size=1024, num_attention_heads=8, num_key_value_heads=4,
@@ -159,9 +159,9 @@ def test_adapters_in_the_model_dtype_save_peft_fp32_copies(catalog) -> None:
     input to fp32; with `lora.fp32_adapters: false` the adapters stay bf16 and the copies disappear."""
     from transformers import AutoModelForCausalLM
 
-    from tunecast.estimate.shape import hf_config
     from tunecast.step.settings import TraceSettings
     from tunecast.step.setup import apply_adapters
+    from tunecast.step.shape import hf_config
 
     config = shallow_llama()
     for fp32 in (True, False):

@@ -7,9 +7,9 @@ from tests.models import tiny_llama
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profile import fit_points, fit_profile, profile_from_trace, replay
 from tunecast.estimate.profiles import trace_profiles
-from tunecast.estimate.shape import shallow_config_data
 from tunecast.estimate.tracer import trace_step
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import shallow_config_data
 
 
 def _direct(config, settings, batch, seq, cuda=True):  # type: ignore[no-untyped-def]

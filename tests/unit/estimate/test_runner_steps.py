@@ -11,10 +11,10 @@ from tests.models import tiny_llama
 from tunecast.config.runner import RUNNERS, apply_runner, runner_defaults
 from tunecast.config.spec import Runner, RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
-from tunecast.estimate.shape import build_meta_model
 from tunecast.estimate.tracer import ALLOC, trace_step
 from tunecast.step import loss
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import build_meta_model
 from tunecast.step.variants import CHUNKING_VARIANTS, OWN_LOSSES, STEP_VARIANTS, runner_step
 
 BATCH, SEQ = 2, 128

@@ -11,9 +11,9 @@ import pytest
 
 from tunecast.catalog.store import load_catalog
 from tunecast.estimate import profiles, symbols, templates
-from tunecast.estimate.shape import WINDOW_UNLESS_USED, shallow_config_data, text_config_data
 from tunecast.estimate.tracer import trace_step
 from tunecast.step.settings import AdapterSettings, TraceSettings
+from tunecast.step.shape import WINDOW_UNLESS_USED, shallow_config_data, text_config_data
 
 LORA = TraceSettings("lora", AdapterSettings(16, 32, 0.05, "all-linear", False, ()), "bf16", "adamw", False,
                      True, "sdpa", "standard")

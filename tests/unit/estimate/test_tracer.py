@@ -7,9 +7,9 @@ from tests.models import tiny_llama, tiny_qwen3
 
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
-from tunecast.estimate.shape import build_meta_model, count_parameters
 from tunecast.estimate.tracer import trace_step
 from tunecast.step.settings import TraceSettings
+from tunecast.step.shape import build_meta_model, count_parameters
 
 
 def peaks(config: dict[str, Any], batch: int = 2, seq: int = 128, **spec: Any):  # type: ignore[no-untyped-def]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tests.trainruns import TINY_MODEL
 
-from tunecast.estimate.shape import hf_config
 from tunecast.step.setup import decoder_layers
+from tunecast.step.shape import hf_config
 from tunecast.train.signals import Preempted, PreemptionFlag, stop_within_layers
 
 

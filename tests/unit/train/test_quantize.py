@@ -13,7 +13,7 @@ from tests.models import tiny_llama
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import unquantized_experts_note
 from tunecast.estimate.moe import unquantized_numel
-from tunecast.estimate.shape import hf_config
+from tunecast.step.shape import hf_config
 from tunecast.train.quantize import quantize_nf4, unquantized_weights
 
 # Every family estimate/moe.py models, tiny; Qwen3-MoE with a dense first layer (mlp_only_layers), whose MLP is

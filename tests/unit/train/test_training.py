@@ -12,7 +12,7 @@ import torch
 from tests.trainruns import ALPACA, NO_EVAL, TINY_MODEL, tiny_run
 
 from tunecast.data.packing import IGNORE_INDEX, Tokenized, pack
-from tunecast.estimate.shape import hf_config
+from tunecast.step.shape import hf_config
 from tunecast.train.batches import Unit, collate
 from tunecast.train.optim import lr_factor
 

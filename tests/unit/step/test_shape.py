@@ -3,7 +3,7 @@
 import pytest
 
 from tunecast.errors import TunecastError
-from tunecast.estimate.shape import build_meta_model, count_parameters
+from tunecast.step.shape import build_meta_model, count_parameters
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 1000}

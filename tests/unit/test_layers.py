@@ -1,0 +1,119 @@
+"""The layers of ARCHITECTURE.md hold: every import between packages of src/tunecast (lazy ones and those for type
+checking included) is one the table allows, and the table itself points only downwards."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "src" / "tunecast"
+BASE = ("errors", "units", "paths", "version", "atomic")
+UI_LIBRARIES = ("typer", "rich")
+
+
+def rules(text: str) -> tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]:
+    """(layer of each package, what each may import: package → its modules allowed, () for any) from the table."""
+    table = text.split("<!-- layers:start -->", 1)[1].split("<!-- layers:end -->", 1)[0]
+    layers: dict[str, int] = {}
+    allowed: dict[str, dict[str, tuple[str, ...]]] = {}
+    for row in table.strip().splitlines()[2:]:
+        layer, name, imports = (cell.strip() for cell in row.strip("|").split("|"))
+        name = name.replace("\\", "")
+        layers[name] = int(layer)
+        allowed[name] = {}
+        for item in re.findall(r"[\w.]+(?: \([^)]*\))?", imports):
+            target, _, modules = item.partition(" (")
+            for each in BASE if target == "base" else (target,):
+                allowed[name][each] = tuple(m.strip() for m in modules.rstrip(")").split(",")) if modules else ()
+    return layers, allowed
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """Every module `path` imports (absolute names, relative imports resolved), with its line."""
+    found = []
+    here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level]  # here ends with the module's own name (`__init__` too)
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            found += [(prefix, node.lineno)] if node.module else [(f"{prefix}.{a.name}", node.lineno) for a in node.names]
+            if node.module and node.level == 0:  # `from tunecast.estimate import memory` imports a module too
+                found += [(f"{prefix}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def package_of(path: Path) -> str:
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def violations(layers: dict[str, int], allowed: dict[str, dict[str, tuple[str, ...]]]) -> list[str]:
+    broken = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = package_of(path)
+        where = path.relative_to(ROOT)
+        if source not in allowed:
+            broken.append(f"{where}: package {source} is not in ARCHITECTURE.md's table")
+            continue
+        for module, line in imports(path):
+            parts = module.split(".")
+            if parts[0] in UI_LIBRARIES and source != "cli":
+                broken.append(f"{where}:{line}: imports {module}; only cli draws")
+            if parts[0] != "tunecast" or len(parts) < 2 or parts[1] == source:
+                continue
+            target = parts[1]
+            if target not in allowed[source]:
+                broken.append(f"{where}:{line}: {source} imports {module}; {source} may import "
+                              f"{', '.join(allowed[source]) or 'nothing'}")
+            elif allowed[source][target] and len(parts) > 2 and parts[2] not in allowed[source][target]:
+                # `from tunecast.estimate import memory` is read as both the package and the module: the package
+                # name alone is a module too narrow to judge, so only named modules count
+                broken.append(f"{where}:{line}: {source} imports {module}; from {target} it may import "
+                              f"{', '.join(allowed[source][target])} only")
+    return broken
+
+
+@pytest.fixture(scope="module")
+def table() -> tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]:
+    return rules((ROOT / "ARCHITECTURE.md").read_text())
+
+
+def test_the_table_points_only_downwards(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]) -> None:
+    layers, allowed = table
+    for package, targets in allowed.items():
+        for target in targets:
+            assert target in layers, f"{package} may import {target}, which is not in the table"
+            assert layers[target] < layers[package], f"{package} (layer {layers[package]}) may import {target} " \
+                                                     f"(layer {layers[target]}): not below it"
+
+
+def test_every_package_is_in_the_table(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]) -> None:
+    packages = {package_of(path) for path in PACKAGE.rglob("*.py")}
+    assert packages == set(table[0])
+
+
+def test_every_import_keeps_to_the_layers(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]) -> None:
+    assert violations(*table) == []
+
+
+def test_an_upward_import_is_caught(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]],
+                                    tmp_path: Path) -> None:
+    layers, allowed = table
+    narrowed = {**allowed, "train": {k: v for k, v in allowed["train"].items() if k != "plan"}}
+    assert any("train imports tunecast.plan" in line for line in violations(layers, narrowed))
+    upward = {**allowed, "estimate": {**allowed["estimate"], "train": ()}}
+    layers_text = "\n".join(f"| {n} | {p} | {', '.join(t) or '—'} |" for p, t in upward.items() for n in [layers[p]])
+    with pytest.raises(AssertionError, match=r"estimate \(layer \d+\) may import train"):
+        test_the_table_points_only_downwards(rules(f"<!-- layers:start -->\n|a|b|c|\n|-|-|-|\n{layers_text}\n"
+                                                   "<!-- layers:end -->"))
+    narrow = {**allowed, "train": {**allowed["train"], "estimate": ("tracer",)}}
+    assert any("from estimate it may import tracer only" in line for line in violations(layers, narrow))
