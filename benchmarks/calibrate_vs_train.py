@@ -36,7 +36,7 @@ from typing import Any
 from cpu_throughput_check import wait_for_quiet
 from docsection import write_section
 
-from tunecast.train.calibrate import measurement
+from tunecast.plan.calibrate import measurement
 
 REPO = Path(__file__).resolve().parent.parent
 TUNECAST = Path(sys.executable).parent / "tunecast"

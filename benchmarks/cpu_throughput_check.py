@@ -241,7 +241,7 @@ def run_tiny(label: str, scratch: Path, env: dict[str, str]) -> dict[str, Any]:
     the warm-up steps calibrate's own rule leaves out (train/steady.py): a packed epoch of the demo is one full
     step and one short one, and only the run's whole time says what both cost together. The median step's speed and
     its 95% interval are shown beside it."""
-    from tunecast.train.calibrate import measurement
+    from tunecast.plan.calibrate import measurement
 
     sets = [item for value in TINY_CASES[label] for item in ("--set", value)]
     output = scratch / label

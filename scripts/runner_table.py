@@ -1,4 +1,5 @@
-"""docs/runners.md's table of every runner's differences from tunecast's step, from src/tunecast/runners/profiles.py.
+"""docs/runners.md's table of every runner's differences from tunecast's step, from src/tunecast/config/runner.py
+and step/variants.py.
 
 Run:  .venv/bin/python scripts/runner_table.py     (tests/unit/runners/test_runner_docs.py checks it is current)
 """

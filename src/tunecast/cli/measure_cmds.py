@@ -108,7 +108,7 @@ def calibrate_command(
     try:
         _quiet_libraries()
         from tunecast.catalog.user import user_catalog_dir
-        from tunecast.train.calibrate import CALIBRATION_FILE, CalibrationRequest, run_calibration, write_calibration
+        from tunecast.plan.calibrate import CALIBRATION_FILE, CalibrationRequest, run_calibration, write_calibration
         from tunecast.train.run import output_url
 
         budget = minutes * 60 if minutes is not None else seconds

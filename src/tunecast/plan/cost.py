@@ -21,10 +21,10 @@ from datetime import date
 from typing import Any
 
 from tunecast.catalog.offers import STALE_AFTER_DAYS, Offer
+from tunecast.train.policy import young_daly_interval
 from tunecast.units import HOURS_PER_MONTH, SECONDS_PER_HOUR
 
 ON_DEMAND_CHECKPOINT_HOURS = 0.5  # automatic interval on on-demand capacity
-MIN_CHECKPOINT_HOURS = 1 / 60  # no automatic interval shorter than a minute, however cheap a write is
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,6 @@ class RunShape:
     boot_hours: float
     storage_gb: float
     fixed_interval_hours: float | None  # the run's own checkpoint interval, when it sets one
-
-
-def young_daly_interval(checkpoint_hours: float, interruptions_per_hour: float) -> float:
-    """√(2 C / λ): the checkpoint interval that minimises expected lost work plus checkpoint cost."""
-    return max(MIN_CHECKPOINT_HOURS, math.sqrt(2 * checkpoint_hours / interruptions_per_hour))
 
 
 def billed_hours(hours: float, offer: Offer) -> float:

@@ -26,7 +26,7 @@ def forward_backward(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, 
     between forward and backward (the tracer marks the phase there); `backward` replaces `loss.backward()`
     (a gradient scaler's). `offload_activations` keeps the tensors saved for the backward pass in pinned CPU
     memory (torch's `save_on_cpu`; the estimator models this term, activation offload). `runner_step` names the
-    ways another tool's step differs (step/settings.py STEP_VARIANTS): the tracer runs them to estimate that
+    ways another tool's step differs (step/variants.py STEP_VARIANTS): the tracer runs them to estimate that
     tool; tunecast's own runs pass none. Returns the loss value on real tensors, None on fake ones.
     """
     cast = autocast_dtype(precision)

@@ -18,7 +18,7 @@ from tunecast.step.setup import decoder_and_head
 
 IGNORE_INDEX = -100
 LOSS_CHUNKS = 8
-# Other tools' losses without full logits, traced to estimate them (step/settings.py STEP_VARIANTS): TRL's
+# Other tools' losses without full logits, traced to estimate them (step/variants.py STEP_VARIANTS): TRL's
 # fused LM head projects 4,096 tokens × 32,768 vocabulary entries at a time (trl/kernels/chunked_logprob.py
 # TOKEN_CHUNK_SIZE; trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE); torchtune's LinearCrossEntropyLoss projects
 # the trained tokens in 8 chunks (num_output_chunks).
@@ -38,7 +38,7 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     their sum divided by it (the trained tokens of a whole optimizer step). `fp32_outputs` (standard loss) also
     makes the fp32 copy of the logits that accelerate's mixed precision returns, held until the loss is returned:
     how the transformers Trainer's step holds memory. `runner_step` may name another tool's loss (`fused-head`,
-    `output-chunks`, `fused-chunks`, `compiled-loss`): step/settings.py STEP_VARIANTS."""
+    `output-chunks`, `fused-chunks`, `compiled-loss`): step/variants.py STEP_VARIANTS."""
     inputs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask

@@ -1,2 +1,3 @@
 """Training: runs step/ in a loop with checkpoints on storage/, resumes exactly, stops cleanly on preemption;
-probe and calibrate measure the hardware for plan/. Imports torch; never imported by light commands."""
+the device probe measures the hardware for plan/. The loop imports torch: only commands that train or measure
+import it (policy.py and steady.py, which plan/ reads, import none)."""

@@ -39,7 +39,6 @@ import torch
 
 from tunecast.config.spec import RunSpec
 from tunecast.data.packing import IGNORE_INDEX
-from tunecast.plan.cost import young_daly_interval
 from tunecast.step.forward import forward_backward, forward_loss
 from tunecast.storage.store import MANIFEST, CheckpointStore, Storage, write_files, write_manifest
 from tunecast.train.batches import Batch, TrainData, Unit, collate, eval_batches, micro_batches, rank_passes
@@ -47,6 +46,7 @@ from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import peak_rss_gib
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.optim import TrainOptimizer, lr_factor
+from tunecast.train.policy import CheckpointPolicy
 from tunecast.train.signals import Preempted, PreemptionFlag
 from tunecast.train.state import LAYOUT, Progress, capture_rng, checkpoint_files
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
@@ -58,54 +58,6 @@ class Reporter(Protocol):
     def event(self, kind: str, message: str) -> None: ...
 
     def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None: ...
-
-
-@dataclass
-class CheckpointPolicy:
-    """When to checkpoint: every N steps, every N seconds, or automatically every √(2 C / λ) (Young/Daly),
-    C being the last measured write time and λ the preemption rate assumed for the machine."""
-
-    every_steps: int | None
-    every_s: float | None
-    automatic: bool
-    interruptions_per_hour: float
-    rate_source: str
-    write_s: float  # the last measured write (estimated until the first one)
-    last_at: float = field(default_factory=time.monotonic)
-
-    @classmethod
-    def for_spec(cls, spec: RunSpec, *, interruptions_per_hour: float, rate_source: str,
-                 estimated_write_s: float) -> CheckpointPolicy:
-        every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
-        automatic = spec.checkpoint.every_steps is None and every_s is None
-        policy = cls(spec.checkpoint.every_steps, every_s, automatic, interruptions_per_hour, rate_source,
-                     estimated_write_s)
-        if automatic:
-            policy._update_interval()
-        return policy
-
-    def _update_interval(self) -> None:
-        self.every_s = young_daly_interval(self.write_s / SECONDS_PER_HOUR,
-                                           self.interruptions_per_hour) * SECONDS_PER_HOUR
-
-    def due(self, step: int) -> bool:
-        if self.every_steps is not None and step % self.every_steps == 0:
-            return True
-        return self.every_s is not None and time.monotonic() - self.last_at >= self.every_s
-
-    def saved(self, write_s: float) -> None:
-        self.last_at = time.monotonic()
-        self.write_s = write_s
-        if self.automatic:
-            self._update_interval()
-
-    def describe(self) -> str:
-        if self.every_steps is not None:
-            return f"every {self.every_steps} steps" + (f" and every {self.every_s / 60:g} min" if self.every_s else "")
-        if not self.automatic:
-            return f"every {self.every_s / 60:g} min"  # type: ignore[operator]
-        return (f"every {self.every_s / 60:.1f} min (Young/Daly: √(2 × {self.write_s:.2f} s write ÷ "  # type: ignore[operator]
-                f"{self.interruptions_per_hour:g} preemptions/h, {self.rate_source}), at least one minute")
 
 
 # What a run shows of itself as it goes (`train --report`: report.html), given the output's storage, metrics.jsonl

@@ -27,7 +27,8 @@ from tunecast.train.batches import run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib, keep_freed_memory, reset_peak_rss
-from tunecast.train.loop import CheckpointPolicy, Session
+from tunecast.train.loop import Session
+from tunecast.train.policy import CheckpointPolicy
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
     BASE_SAVED,

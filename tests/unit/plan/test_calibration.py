@@ -19,6 +19,7 @@ from tunecast.config.load import Override, load_spec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.profiles import get_profiles
+from tunecast.plan.calibrate import checkpoints_in_run, evaluations_in_run, predict, whole_run
 from tunecast.plan.calibration import (
     DATA_KEYS,
     Calibration,
@@ -32,7 +33,6 @@ from tunecast.plan.planner import Planner
 from tunecast.plan.throughput import StepTime, step_time
 from tunecast.plan.workload import workload_for
 from tunecast.step.settings import TraceSettings
-from tunecast.train.calibrate import checkpoints_in_run, evaluations_in_run, predict, whole_run
 
 MODEL = shallow_llama()
 RUN = {"model": "x", "method": "lora", "micro_batch": 4, "seq_len": 256, "lora": {"rank": 8}}

@@ -6,7 +6,8 @@ from datetime import date
 import pytest
 
 from tunecast.catalog.offers import Offer, VolumeDefault, VolumeDefaults, with_volume_default
-from tunecast.plan.cost import RunShape, billed_gpus, billed_hours, price_run, young_daly_interval
+from tunecast.plan.cost import RunShape, billed_gpus, billed_hours, price_run
+from tunecast.train.policy import young_daly_interval
 
 TODAY = date(2026, 11, 29)
 

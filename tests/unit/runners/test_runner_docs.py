@@ -1,4 +1,4 @@
-"""docs/runners.md shows every runner's differences as runners/profiles.py defines them."""
+"""docs/runners.md shows every runner's differences as config/runner.py defines them."""
 
 from tests.conftest import REPO
 

@@ -52,7 +52,7 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.plan.calibration import CALIBRATION_FORMAT, DATA_KEYS, selected, speed_hash, speed_settings
-from tunecast.plan.cost import young_daly_interval
+from tunecast.train.policy import young_daly_interval
 from tunecast.train.steady import (
     CONFIDENCE,
     MIN_INTERVAL_STEPS,

@@ -1,0 +1,66 @@
+"""When a run checkpoints: every N steps, every N minutes, or by the Young/Daly rule, which balances the time a write
+costs against the work a preemption loses. The plan prices a run's checkpoints by the same rule (plan/cost.py)."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from tunecast.config.spec import RunSpec
+from tunecast.units import SECONDS_PER_HOUR
+
+MIN_CHECKPOINT_HOURS = 1 / 60  # no automatic interval shorter than a minute, however cheap a write is
+
+
+def young_daly_interval(checkpoint_hours: float, interruptions_per_hour: float) -> float:
+    """√(2 C / λ): the checkpoint interval that minimises expected lost work plus checkpoint cost."""
+    return max(MIN_CHECKPOINT_HOURS, math.sqrt(2 * checkpoint_hours / interruptions_per_hour))
+
+
+@dataclass
+class CheckpointPolicy:
+    """When to checkpoint: every N steps, every N seconds, or automatically every √(2 C / λ) (Young/Daly),
+    C being the last measured write time and λ the preemption rate assumed for the machine."""
+
+    every_steps: int | None
+    every_s: float | None
+    automatic: bool
+    interruptions_per_hour: float
+    rate_source: str
+    write_s: float  # the last measured write (estimated until the first one)
+    last_at: float = field(default_factory=time.monotonic)
+
+    @classmethod
+    def for_spec(cls, spec: RunSpec, *, interruptions_per_hour: float, rate_source: str,
+                 estimated_write_s: float) -> CheckpointPolicy:
+        every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
+        automatic = spec.checkpoint.every_steps is None and every_s is None
+        policy = cls(spec.checkpoint.every_steps, every_s, automatic, interruptions_per_hour, rate_source,
+                     estimated_write_s)
+        if automatic:
+            policy._update_interval()
+        return policy
+
+    def _update_interval(self) -> None:
+        self.every_s = young_daly_interval(self.write_s / SECONDS_PER_HOUR,
+                                           self.interruptions_per_hour) * SECONDS_PER_HOUR
+
+    def due(self, step: int) -> bool:
+        if self.every_steps is not None and step % self.every_steps == 0:
+            return True
+        return self.every_s is not None and time.monotonic() - self.last_at >= self.every_s
+
+    def saved(self, write_s: float) -> None:
+        self.last_at = time.monotonic()
+        self.write_s = write_s
+        if self.automatic:
+            self._update_interval()
+
+    def describe(self) -> str:
+        if self.every_steps is not None:
+            return f"every {self.every_steps} steps" + (f" and every {self.every_s / 60:g} min" if self.every_s else "")
+        if not self.automatic:
+            return f"every {self.every_s / 60:g} min"  # type: ignore[operator]
+        return (f"every {self.every_s / 60:.1f} min (Young/Daly: √(2 × {self.write_s:.2f} s write ÷ "  # type: ignore[operator]
+                f"{self.interruptions_per_hour:g} preemptions/h, {self.rate_source}), at least one minute")
