@@ -14,7 +14,7 @@ import pytest
 from tests.trainruns import tiny_run
 
 from tunecast.catalog.store import load_catalog
-from tunecast.train import probe
+from tunecast.plan import probe
 
 # The probe's promise: under a minute on an idle machine (about 30 s on this 2-core VM); the suite's other
 # worker shares the two cores, which can double it.

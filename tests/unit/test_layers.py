@@ -115,5 +115,5 @@ def test_an_upward_import_is_caught(table: tuple[dict[str, int], dict[str, dict[
     with pytest.raises(AssertionError, match=r"estimate \(layer \d+\) may import train"):
         test_the_table_points_only_downwards(rules(f"<!-- layers:start -->\n|a|b|c|\n|-|-|-|\n{layers_text}\n"
                                                    "<!-- layers:end -->"))
-    narrow = {**allowed, "train": {**allowed["train"], "estimate": ("tracer",)}}
+    narrow = {**allowed, "plan": {**allowed["plan"], "estimate": ("tracer",)}}
     assert any("from estimate it may import tracer only" in line for line in violations(layers, narrow))

@@ -33,7 +33,7 @@ def probe_command(
     from tunecast.catalog.devices import DEVICES_FILE, merge_device
     from tunecast.catalog.store import load_catalog
     from tunecast.catalog.user import user_catalog_dir
-    from tunecast.train.probe import run_probe
+    from tunecast.plan.probe import run_probe
 
     if device not in (None, "cpu", "cuda"):
         raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")

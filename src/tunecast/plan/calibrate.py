@@ -104,7 +104,7 @@ def run_calibration(loaded: LoadedSpec, catalog: Catalog, request: CalibrationRe
     """Run the loop until its speed is steady, probe the device, and return the calibration document.
     `progress` hears what the probe measures; `before_probe` and `on_probed` are called around the probe."""
     from tunecast.catalog.devices import figures_by_slug, merge_device
-    from tunecast.train.probe import run_probe
+    from tunecast.plan.probe import run_probe
 
     if request.steps is not None and request.steps < MIN_INTERVAL_STEPS:
         raise TunecastError(f"--steps {request.steps} leaves too few steps to measure", field="--steps",
