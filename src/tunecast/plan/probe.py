@@ -223,7 +223,7 @@ class Probe:
 
     def _supported(self, dtype: str) -> bool:
         if self.device.type == "cuda" and dtype == "bf16":
-            return torch.cuda.is_bf16_supported()
+            return bool(torch.cuda.is_bf16_supported())
         return True
 
     def matmuls(self) -> None:
