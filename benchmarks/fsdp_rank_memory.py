@@ -62,7 +62,7 @@ def measure(model: str, settings: dict, folder: Path) -> tuple[float, list[float
     (folder / "run.yaml").write_text(yaml.safe_dump(config))
     predicted = estimate_memory(RunSpec.model_validate(config), catalog.models.find(model).data, device="cpu",
                                 gpu=None, overheads=catalog.overheads, exact_shape=True).device_total_gib
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_WARM": "0"}
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     done = subprocess.run([sys.executable, "-m", "tunecast", "train", str(folder / "run.yaml"), "--no-memory-check"],
                           env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -49,8 +49,7 @@ def start_server(cache: str, catalog: str) -> tuple[subprocess.Popen[str], str]:
     """`tunecast serve --port 0` in its own process, and the address it printed."""
     process = subprocess.Popen([sys.executable, "-m", "tunecast", "serve", "--port", "0"], text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "TUNECAST_CACHE": cache, "TUNECAST_CATALOG": catalog,
-                                    "TUNECAST_WARM": "0"})
+                               env={**os.environ, "TUNECAST_CACHE": cache, "TUNECAST_CATALOG": catalog})
     assert process.stderr is not None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

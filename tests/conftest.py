@@ -19,9 +19,6 @@ import pytest
 from tunecast.catalog.store import load_catalog
 
 REPO = Path(__file__).resolve().parent.parent
-# No warm server (tunecast/cli/warm.py) for the suite's commands: each test's runs are its own processes, and no
-# server outlives the suite. tests/integration/test_warm.py turns it on for its own.
-os.environ["TUNECAST_WARM"] = "0"
 # A user catalog and cache of the suite's own, set before any fixture runs: module- and session-scoped fixtures
 # (and the processes they start) never read the developer's ~/.local/share/tunecast, whose measurements would
 # change results, or whose rows from another tunecast version would be refused. `isolated_home` gives each test

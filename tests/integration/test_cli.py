@@ -203,7 +203,7 @@ def test_each_command_is_registered_by_the_module_the_table_names() -> None:
 
     import typer
 
-    app_module = importlib.import_module("tunecast.cli.app")  # the package exports the Typer app as `app`
+    app_module = importlib.import_module("tunecast.cli.app")
     found: dict[str, str] = {}
     for name in dict.fromkeys(app_module.COMMAND_MODULES.values()):
         probe = typer.Typer()
@@ -223,3 +223,54 @@ def test_a_command_loads_its_own_module_and_help_lists_every_command() -> None:
     assert "LOADED=catalog_cmds" in gpus.stderr, gpus.stderr[-500:]
     helped = run_subprocess(PYTHON, "-c", script, "--help")
     assert all(f" {command} " in helped.stdout for command in ("memory", "plan", "train", "models", "calibrate"))
+
+
+def test_help_lists_the_commands_without_importing_the_library() -> None:
+    """`tunecast --help` builds every command, but reads no RunSpec (pydantic) for the run-setting flags, and
+    imports no catalog or estimator: that is what keeps it fast from a cold start (benchmarks/cold_start.py)."""
+    script = ("import sys\nfrom tunecast.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+              "sys.stderr.write('HEAVY=' + ','.join(sorted(m for m in ('pydantic', 'numpy', 'yaml', 'torch',\n"
+              "                  'tunecast.config.spec', 'tunecast.catalog.store') if m in sys.modules)))\n")
+    for args in (["--help"], []):  # (a command's own parsing imports pydantic: typer validates option values with it)
+        result = run_subprocess(PYTHON, "-c", script, *args)
+        assert result.stderr.endswith("HEAVY="), result.stderr[-500:]
+
+
+SPEC_COMMANDS = [["validate"], ["memory"], ["plan"], ["train"], ["calibrate"], ["export", "skypilot"],
+                 ["export", "accelerate"], ["export", "axolotl"], ["export", "llamafactory"]]
+
+
+@pytest.mark.parametrize("words", SPEC_COMMANDS, ids=" ".join)
+def test_a_commands_help_gives_each_run_setting_flag_its_fields_docstring(cli, monkeypatch, words) -> None:
+    """The flags' help is read from RunSpec when a command's help is shown (cli/spec_flags.py SpecCommand)."""
+    from tunecast.config.spec import LoraSpec
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per flag: the sentence is not wrapped
+    result = cli(*words, "--help")
+    first = " ".join((LoraSpec.model_fields["rank"].description or "").split()).split(". ")[0]
+    assert result.code == 0 and first and "--lora-rank" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if "--lora-rank" in line)
+    assert first in line
+
+
+def test_no_command_leaves_a_process_behind(tmp_path: Path) -> None:
+    """A quick command, its help and an error, run by the console script: once each has exited, no process
+    started under it is left (found by a marker in the environment every child inherits)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        pytest.skip("needs /proc to list processes")
+    script = str(Path(PYTHON).with_name("tunecast"))
+    marker = f"TUNECAST_TEST_MARK={tmp_path.name}"
+    env = {"TUNECAST_TEST_MARK": tmp_path.name, "TUNECAST_CACHE": str(tmp_path / "cache")}
+    for args in (["memory", "--model", "meta-llama/Llama-3.2-1B", "--method", "lora"], ["gpus", "--json"],
+                 ["--help"], ["memory", "--model", "nobody/no-such-model", "--offline"]):
+        result = run_subprocess(script, *args, env=env)
+        assert result.code in (0, 2), result.stderr[-500:]
+    left = []
+    for entry in proc.iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                left.append(entry.name)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    assert not left, f"processes left behind: {left}"

@@ -5,7 +5,6 @@ streams say their progress before the result, and `tunecast serve` starts and an
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -249,8 +248,7 @@ def test_a_cold_estimate_streams_each_trace_then_the_clis_answer(client: TestCli
 def _serve(*args: str) -> tuple[subprocess.Popen[str], str, str]:
     """`tunecast serve ARGS` in its own process: the process, the address it printed, and what it said before."""
     process = subprocess.Popen([sys.executable, "-m", "tunecast", "serve", "--port", "0", *args],
-                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                               env={**os.environ, "TUNECAST_WARM": "0"})
+                               stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert process.stderr is not None
     said = ""
     deadline = time.monotonic() + 60

@@ -42,13 +42,12 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """`tunecast serve --port PORT --no-open` in its own process, with its own empty catalog and cache (as every
-    test's, tests/conftest.py) and no warm server; stopped after the module."""
+    test's, tests/conftest.py); stopped after the module."""
     from tunecast.launch.local import free_port
 
     home = tmp_path_factory.mktemp("serve-home")
     env = {key: value for key, value in os.environ.items() if key not in ("TUNECAST_DEBUG", "HF_TOKEN")}
-    env.update({"TUNECAST_WARM": "0", "TUNECAST_CATALOG": str(home / "catalog"),
-                "TUNECAST_CACHE": str(home / "cache")})
+    env.update({"TUNECAST_CATALOG": str(home / "catalog"), "TUNECAST_CACHE": str(home / "cache")})
     port = free_port()
     log_path = home / "serve.log"
     with log_path.open("w") as log:

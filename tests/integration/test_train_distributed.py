@@ -166,7 +166,7 @@ def test_train_gpus_starts_its_own_workers(tmp_path: Path) -> None:
     """`tunecast train --gpus 2` as a user runs it: two worker processes, one JSON document, exit 0."""
     config = tiny_run(tmp_path, max_steps=2, **NO_EVAL)
     script = Path(sys.executable).with_name("tunecast")
-    env = {**os.environ, "TUNECAST_WARM": "0"}
+    env = dict(os.environ)
     env.pop("WORLD_SIZE", None)
     done = subprocess.run([str(script), "train", str(config), "--gpus", "2", "--json"], capture_output=True,
                           text=True, cwd=REPO, env=env, timeout=300)
@@ -188,7 +188,7 @@ def test_under_torchrun_a_stopped_run_leaves_its_mark_and_accelerate_launch_resu
     config = tiny_run(tmp_path)
     output = tmp_path / "out"
     marker = tmp_path / "exit-mark"
-    env = {**os.environ, "TUNECAST_WARM": "0", "TUNECAST_EXIT_FILE": str(marker)}
+    env = {**os.environ, "TUNECAST_EXIT_FILE": str(marker)}
     log = (tmp_path / "torchrun.txt").open("w")
     torchrun = subprocess.Popen([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2",
                                  f"--master_port={free_port()}", "-m", "tunecast", "train", str(config)],

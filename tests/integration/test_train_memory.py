@@ -95,7 +95,7 @@ def test_each_fsdp2_rank_uses_what_the_estimate_says(tmp_path: Path, shared_cach
     path.write_text(yaml.safe_dump(config))
     predicted = estimate_memory(RunSpec.model_validate(config), catalog.models.find(model).data, device="cpu",
                                 gpu=None, overheads=catalog.overheads, exact_shape=True).device_total_gib
-    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_CACHE": str(shared_cache), "TUNECAST_WARM": "0"}
+    env = {"MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_CACHE": str(shared_cache)}
     done = run_subprocess(sys.executable, "-m", "tunecast", "train", str(path), "--no-memory-check", env=env)
     assert done.code == 0, done.stderr[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]

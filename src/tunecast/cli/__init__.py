@@ -12,6 +12,7 @@ if sys.argv[1:2] == ["train"]:
 
     fix_cpu_threads()
 
-from tunecast.cli.app import app, main  # noqa: E402  (after the handlers above)
+# The Typer app is tunecast.cli.app.app: a name `app` here would hide the module tunecast.cli.app.
+from tunecast.cli.app import main
 
-__all__ = ["app", "main"]
+__all__ = ["main"]

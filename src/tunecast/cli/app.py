@@ -78,9 +78,9 @@ def state(ctx: typer.Context) -> State:
     return obj if isinstance(obj, State) else State()
 
 
-# The module that registers each command. A command imports its own module only (a cold `tunecast memory` need not
-# pay for the others' imports); no command, help or an unknown word imports them all. tests/integration/test_cli.py holds this
-# table to what the modules register.
+# The module that registers each command. A command imports its own module only (a cold `tunecast memory` need
+# not pay for the others' imports); no command, help or an unknown word imports them all.
+# tests/integration/test_cli.py holds this table to what the modules register.
 COMMAND_MODULES = {
     "gpus": "catalog_cmds", "offers": "catalog_cmds", "models": "catalog_cmds",
     "validate": "config_cmds", "init": "config_cmds",

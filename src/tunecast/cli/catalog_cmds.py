@@ -5,18 +5,20 @@ from __future__ import annotations
 
 from datetime import date
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from tunecast.catalog.offers import Offer
-from tunecast.catalog.store import Catalog, today
 from tunecast.cli.app import state
 from tunecast.cli.render import err, out, print_json
 from tunecast.units import format_params, format_usd
+
+if TYPE_CHECKING:
+    from tunecast.catalog.offers import Offer
+    from tunecast.catalog.store import Catalog
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -82,6 +84,8 @@ def offers_command(
     """Price offers: provider, GPU, node size, on-demand and spot USD per GPU-hour, billing, as_of, source."""
     if ctx.invoked_subcommand is not None:
         return
+    from tunecast.catalog.store import today
+
     catalog = state(ctx).catalog()
     offers = _filter_offers(catalog, gpu, provider, spot)
     on = today()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -11,19 +11,22 @@ from rich.markup import escape
 from tunecast.atomic import write_text_atomic
 from tunecast.cli.app import state
 from tunecast.cli.render import err, out, print_json, print_problems
-from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import LoadedSpec, imported_part, load_spec
-from tunecast.config.spec import RunSpec
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import TunecastError
 from tunecast.units import format_params
+
+if TYPE_CHECKING:
+    from tunecast.config.load import LoadedSpec
+    from tunecast.config.spec import RunSpec
 
 
 def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) -> LoadedSpec:
     """The RunSpec every spec command works on: file (or `--from` another tool's) + flags + --set, validated against
     the catalog."""
+    from tunecast.config.load import load_spec
+
     imported = None
     if spec_args.source is not None:
-        from tunecast.errors import TunecastError
         from tunecast.runners.imported import read_config
 
         if config is not None:
@@ -106,6 +109,8 @@ def validate_command(
     if config is None and not spec_args.overrides and spec_args.source is None:
         raise TunecastError("nothing to validate", field="config",
                             hint="give a config file (tunecast validate run.yaml) or flags such as --model")
+    from tunecast.config.load import imported_part
+
     loaded = load_from_cli(ctx, config, spec_args)
     if json_output:
         print_json({"valid": True, "source": loaded.source, "spec": resolved_document(loaded),
@@ -145,5 +150,5 @@ def init_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("validate")(validate_command)
+    app.command("validate", cls=SpecCommand)(validate_command)
     app.command("init")(init_command)

@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.markup import escape
 from rich.table import Table
 
-from tunecast.catalog.store import Catalog
 from tunecast.cli.app import state
 from tunecast.cli.render import err, out, print_json
-from tunecast.data.counters import choose_counter
-from tunecast.data.stats import DatasetStats, measure
-from tunecast.data.tokens import TokenCounter
 from tunecast.errors import TunecastError
+
+if TYPE_CHECKING:
+    from tunecast.catalog.store import Catalog
+    from tunecast.data.stats import DatasetStats
+    from tunecast.data.tokens import TokenCounter
 
 CONFIG_SUFFIXES = (".yaml", ".yml")
 
@@ -44,7 +45,9 @@ def data_command(
 ) -> None:
     """Examples, tokens (processed and trained), lengths, truncation, padding and packing efficiency: of a data file,
     or of the dataset a run config names, read with its settings and tokenizer."""
+    from tunecast.data.counters import choose_counter
     from tunecast.data.settings import validate_data_options
+    from tunecast.data.stats import measure
 
     catalog = state(ctx).catalog()
     defaults: dict[str, Any] = {"layout": "auto", "seq_len": 2048, "micro_batch": 1, "train_on": "auto", "seed": 42}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -13,11 +13,13 @@ from rich.table import Table
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
-from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import LoadedSpec, imported_part
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import TunecastError
-from tunecast.estimate.answer import MemoryAnswer, answer_memory
 from tunecast.units import format_params
+
+if TYPE_CHECKING:
+    from tunecast.config.load import LoadedSpec
+    from tunecast.estimate.answer import MemoryAnswer
 
 LABELS = {"weights": "frozen weights", "trainable_weights": "trainable weights", "gradients": "gradients",
           "optimizer": "optimizer states", "activations": "activations", "temporaries": "temporaries",
@@ -44,6 +46,9 @@ def memory_command(
 ) -> int:
     """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
+    from tunecast.config.load import imported_part
+    from tunecast.estimate.answer import answer_memory
+
     loaded = load_from_cli(ctx, config, spec_args)
     if check and loaded.gpu is None:
         raise TunecastError("--check needs a GPU to check the run against", field="--check",
@@ -132,4 +137,4 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("memory")(memory_command)
+    app.command("memory", cls=SpecCommand)(memory_command)

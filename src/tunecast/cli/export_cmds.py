@@ -5,17 +5,19 @@ count, strategy (and for the tools' configs the batch shape) default to the plan
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, out, working
-from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import LoadedSpec
-from tunecast.config.spec import RunSpec
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import TunecastError
+
+if TYPE_CHECKING:
+    from tunecast.config.load import LoadedSpec
+    from tunecast.config.spec import RunSpec
 
 export_app = typer.Typer(help="Write what other tools need to run this training: a SkyPilot task, an accelerate "
                               "config, an axolotl or LLaMA-Factory config.", no_args_is_help=True)
@@ -254,8 +256,8 @@ def _register_dataset(path: Path, entries: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    export_app.command("skypilot")(skypilot_command)
-    export_app.command("accelerate")(accelerate_command)
-    export_app.command("axolotl")(axolotl_command)
-    export_app.command("llamafactory")(llamafactory_command)
+    export_app.command("skypilot", cls=SpecCommand)(skypilot_command)
+    export_app.command("accelerate", cls=SpecCommand)(accelerate_command)
+    export_app.command("axolotl", cls=SpecCommand)(axolotl_command)
+    export_app.command("llamafactory", cls=SpecCommand)(llamafactory_command)
     app.add_typer(export_app, name="export")

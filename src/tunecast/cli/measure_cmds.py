@@ -14,7 +14,7 @@ from rich.table import Table
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli
 from tunecast.cli.render import err, out, print_json, print_problems
-from tunecast.cli.spec_flags import SpecArgs, spec_command
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
 
@@ -190,4 +190,4 @@ def _hours(hours: float) -> str:
 
 def register(app: typer.Typer) -> None:
     app.command("probe")(probe_command)
-    app.command("calibrate")(calibrate_command)
+    app.command("calibrate", cls=SpecCommand)(calibrate_command)

@@ -13,8 +13,7 @@ from rich.table import Table
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
-from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import imported_part
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import Problem
 from tunecast.units import format_usd
 
@@ -50,6 +49,7 @@ def plan_command(
     """Every GPU and count: the fastest configuration that fits, tokens/s, hours, and the whole run's cost per
     offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
     from tunecast.catalog.store import today
+    from tunecast.config.load import imported_part
     from tunecast.plan.calibration import read_calibration
     from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
@@ -196,5 +196,5 @@ def breakeven_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(plan_command)
+    app.command("plan", cls=SpecCommand)(plan_command)
     app.command("breakeven")(breakeven_command)

@@ -1,11 +1,10 @@
-"""`tunecast serve`: the web planner on this machine, the page and its JSON API. Never run by the warm server
-(cli/warm.py): it runs until stopped, in its own process."""
+"""`tunecast serve`: the web planner on this machine, the page and its JSON API. It runs in the foreground until
+stopped (Ctrl-C): the one tunecast process that stays up, and only when asked for; no other command leaves a
+process behind."""
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -14,12 +13,17 @@ from tunecast.cli.app import state
 from tunecast.cli.render import err
 from tunecast.errors import TunecastError
 
+if TYPE_CHECKING:
+    import socket
+
 LOOPBACK_NAMES = ("localhost",)
 CONNECTIONS = 100
 
 
 def is_loopback(host: str) -> bool:
     """Whether `host` is this machine only: `localhost` or a loopback address (127.0.0.0/8, ::1)."""
+    import ipaddress
+
     if host.lower() in LOOPBACK_NAMES:
         return True
     try:
@@ -30,6 +34,8 @@ def is_loopback(host: str) -> bool:
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on `host`:`port` (port 0: any free one); a user error when it cannot be had."""
+    import socket
+
     try:
         infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except (socket.gaierror, UnicodeError) as error:

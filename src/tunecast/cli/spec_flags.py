@@ -2,7 +2,9 @@
 
 Each flag maps to one RunSpec key; its help text is that field's own docstring, so flags, config keys
 and `tunecast init` comments never disagree. `@spec_command` adds all of them (plus `--set` and
-`--allow-download`) to a command and hands it the collected overrides.
+`--allow-download`) to a command and hands it the collected overrides; the command is registered with
+`cls=SpecCommand`, which reads those docstrings when its help is shown. Building RunSpec (a pydantic model) is
+left to the commands that load a run: listing the commands (`tunecast --help`) builds none of it.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import BaseModel
+from typer.core import TyperCommand
 
-from tunecast.config.load import Override, parse_set
-from tunecast.config.spec import RunSpec
+if TYPE_CHECKING:
+    from typer._click import Context, HelpFormatter
+
+    from tunecast.config.load import Override
 
 PANEL = "Run settings (override the config file)"
 
@@ -61,6 +65,10 @@ FLAGS: tuple[Flag, ...] = (
 
 
 def _field(key: str) -> Any:
+    from pydantic import BaseModel
+
+    from tunecast.config.spec import RunSpec
+
     model: type[BaseModel] = RunSpec
     *parents, leaf = key.split(".")
     for part in parents:
@@ -77,6 +85,20 @@ def _help(key: str) -> str:
     default = text[text.find("Default"):] if "Default" in text else ""
     extra = f" One of: {', '.join(choices)}." if choices and len(choices) > 1 and "`" not in first else ""
     return f"[{key}] {first}{extra} {default}".strip()
+
+
+_KEYS = {flag.param: flag.key for flag in FLAGS}
+
+
+class SpecCommand(TyperCommand):
+    """A command with the run-setting flags. Their help text is the RunSpec fields' docstrings, read when this
+    command's help is shown: building the command (as `tunecast --help` builds every one) reads no RunSpec."""
+
+    def format_help(self, ctx: Context, formatter: HelpFormatter) -> None:
+        for param in self.params:
+            if param.name in _KEYS and getattr(param, "rich_help_panel", None) == PANEL and not param.help:
+                param.help = inspect.cleandoc(_help(_KEYS[param.name]))  # as typer would have at the flag's making
+        super().format_help(ctx, formatter)
 
 
 @dataclass(frozen=True)
@@ -98,8 +120,8 @@ def spec_command(function: Callable[..., Any] | None = None, *,
     signature = inspect.signature(function, eval_str=True)
     own = [p for p in signature.parameters.values() if p.name != "spec_args"]
     extra: list[inspect.Parameter] = []
-    for flag in flags:
-        option = typer.Option(*flag.names, help=_help(flag.key), rich_help_panel=PANEL, show_default=False)
+    for flag in flags:  # the help text comes when it is shown (SpecCommand)
+        option = typer.Option(*flag.names, rich_help_panel=PANEL, show_default=False)
         annotation = Annotated[flag.kind | None, option]  # type: ignore[valid-type]
         extra.append(inspect.Parameter(flag.param, inspect.Parameter.KEYWORD_ONLY, default=None,
                                        annotation=annotation))
@@ -127,6 +149,8 @@ def spec_command(function: Callable[..., Any] | None = None, *,
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from tunecast.config.load import Override, parse_set
+
         overrides: list[Override] = []
         for flag in flags:
             value = kwargs.pop(flag.param)

@@ -8,21 +8,22 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn
 
 from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
-from tunecast.cli.spec_flags import SpecArgs, spec_command
-from tunecast.config.load import imported_part
+from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import Problem
 from tunecast.estimate.progress import listening
 from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 PLAIN_EVERY_S = 10.0  # without a terminal, a progress line at most this often
 
@@ -89,6 +90,8 @@ class ConsoleReporter:
     def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None:
         forms = progress_forms(record, total_steps, eta_s, cost_at_end_usd)
         if self.live:
+            from rich.progress import BarColumn, Progress, TextColumn
+
             text, bar, label = fit_progress(forms, self.console.width)
             columns = ((TextColumn(f"[bold]{LABEL}"),) if label else ()) + \
                 ((BarColumn(bar_width=bar),) if bar else ()) + (TextColumn("{task.description}"),)
@@ -311,6 +314,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
 def _dry_run(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, json_output: bool,
              no_memory_check: bool) -> int:
+    from tunecast.config.load import imported_part
     from tunecast.train.dryrun import dry_run
 
     loaded = load_from_cli(ctx, config, spec_args)
@@ -360,5 +364,5 @@ def merge_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train_command)
+    app.command("train", cls=SpecCommand)(train_command)
     app.command("merge")(merge_command)

@@ -28,7 +28,6 @@ from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib, keep_freed_memory, reset_peak_rss
 from tunecast.train.loop import Session
-from tunecast.train.policy import CheckpointPolicy
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import (
     BASE_SAVED,
@@ -39,6 +38,7 @@ from tunecast.train.model import (
     save_base,
 )
 from tunecast.train.optim import TrainOptimizer, warmup_steps
+from tunecast.train.policy import CheckpointPolicy
 from tunecast.train.preflight import check_run
 from tunecast.train.quantize import unquantized_weights
 from tunecast.train.run import (
