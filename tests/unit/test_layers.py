@@ -1,5 +1,5 @@
 """The layers of ARCHITECTURE.md hold: every import between packages of src/tunecast (lazy ones and those for type
-checking included) is one the table allows, and the table itself points only downwards."""
+checking included) is one the table allows, and the table itself points only downwards; only cli prints or exits."""
 
 from __future__ import annotations
 
@@ -103,6 +103,19 @@ def test_every_package_is_in_the_table(table: tuple[dict[str, int], dict[str, di
 
 def test_every_import_keeps_to_the_layers(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]]) -> None:
     assert violations(*table) == []
+
+
+def test_only_cli_prints_or_exits() -> None:
+    said = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if package_of(path) in ("cli", "__main__"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = ast.unparse(node.func)
+                if name in ("print", "sys.exit", "exit", "sys.stdout.write", "sys.stderr.write"):
+                    said.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    assert said == []
 
 
 def test_an_upward_import_is_caught(table: tuple[dict[str, int], dict[str, dict[str, tuple[str, ...]]]],
