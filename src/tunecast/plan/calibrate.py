@@ -52,7 +52,7 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.plan.calibration import CALIBRATION_FORMAT, DATA_KEYS, selected, speed_hash, speed_settings
-from tunecast.train.policy import young_daly_interval
+from tunecast.train.policy import evaluations_in_run, young_daly_interval
 from tunecast.train.steady import (
     CONFIDENCE,
     MIN_INTERVAL_STEPS,
@@ -381,15 +381,6 @@ def predict(loaded: LoadedSpec, catalog: Catalog, figures: Any, resolved: dict[s
     }
 
 
-def evaluations_in_run(spec: RunSpec, steps: int, steps_per_epoch: int) -> int:
-    """Evaluations the loop runs (loop._eval_due): every `eval.every_steps` steps and after the last step, else
-    at the end of every epoch and after the last step; none without held-out examples."""
-    if spec.eval.examples == 0:
-        return 0
-    every = spec.eval.every_steps or steps_per_epoch
-    return steps // every + (1 if steps % every else 0)
-
-
 def checkpoints_in_run(spec: RunSpec, steps: int, train_seconds: float, write_seconds: float,
                        interruptions_per_hour: float) -> int:
     """Checkpoints the loop writes (loop.CheckpointPolicy): one before every step the policy says is due, and one
@@ -411,7 +402,8 @@ def whole_run(spec: RunSpec, predicted: dict[str, Any], measured: dict[str, Any]
     could not time: the plan's, scaled by measured ÷ predicted speed)."""
     steps = predicted["steps"]
     train_s = predicted["padded_tokens"] / measured["padded_tokens_per_second"] + measured["warmup_extra_seconds"]
-    evaluations = evaluations_in_run(spec, steps, predicted["steps_per_epoch"])
+    evaluations = (evaluations_in_run(steps, predicted["steps_per_epoch"], spec.eval.every_steps)
+                   if spec.eval.examples else 0)
     if measured.get("eval_seconds") is not None:
         eval_s = evaluations * measured["eval_seconds"]
     else:

@@ -20,6 +20,7 @@ from typing import Any
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
+from tunecast.train.policy import evaluations_in_run
 
 # Text of a declared dataset, for its storage: about 4 characters (bytes, for English) per token, as the
 # generic tokenizer ratio of catalog/data/token_ratios.csv.
@@ -234,13 +235,11 @@ def _quantile_lengths(mean: float, sigma: float) -> tuple[int, ...]:
 
 
 def evaluations(workload: Workload, steps: int, global_batch: int, every_steps: int | None) -> int:
-    """Evaluations over the run: every `every_steps` optimizer steps, else one at the end of each epoch (and
-    of the last, partial one)."""
+    """Evaluations over a run of `steps` optimizer steps, as the loop schedules them (train/policy.py): every
+    `every_steps` steps, else at the end of every epoch, and after the last step; none without held-out examples."""
     if workload.eval_examples == 0:
         return 0
-    if every_steps is not None:
-        return steps // every_steps
-    return max(1, math.ceil(steps * global_batch / workload.sequences() - 1e-9))
+    return evaluations_in_run(steps, workload.length(global_batch, None).per_epoch, every_steps)
 
 
 def optimizer_steps(workload: Workload, global_batch: int, max_steps: int | None) -> int:

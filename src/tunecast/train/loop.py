@@ -46,7 +46,7 @@ from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import peak_rss_gib
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.optim import TrainOptimizer, lr_factor
-from tunecast.train.policy import CheckpointPolicy
+from tunecast.train.policy import CheckpointPolicy, evaluation_due
 from tunecast.train.signals import Preempted, PreemptionFlag
 from tunecast.train.state import LAYOUT, Progress, capture_rng, checkpoint_files
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
@@ -207,12 +207,11 @@ def evaluate(session: Session) -> float:
 
 def _eval_due(session: Session) -> bool:
     spec, progress = session.spec, session.progress
-    epoch_ended = progress.offset == 0  # a step boundary at the start of an epoch ends the one before
-    if spec.eval.examples == 0 or progress.last_eval_step == progress.step or progress.step == 0:
+    if spec.eval.examples == 0 or progress.last_eval_step == progress.step:
         return False
-    if spec.eval.every_steps is not None:
-        return progress.step % spec.eval.every_steps == 0 or progress.step == session.total_steps
-    return epoch_ended or progress.step == session.total_steps
+    # a step boundary at the start of an epoch ends the one before
+    return evaluation_due(progress.step, session.total_steps, epoch_ended=progress.offset == 0,
+                          every_steps=spec.eval.every_steps)
 
 
 def _run_eval(session: Session) -> None:

@@ -1,5 +1,7 @@
-"""When a run checkpoints: every N steps, every N minutes, or by the Young/Daly rule, which balances the time a write
-costs against the work a preemption loses. The plan prices a run's checkpoints by the same rule (plan/cost.py)."""
+"""When a run checkpoints and evaluates. Checkpoints: every N steps, every N minutes, or by the Young/Daly rule, which
+balances the time a write costs against the work a preemption loses; the plan prices a run's checkpoints by the same
+rule (plan/cost.py). Evaluations: after every `eval.every_steps` steps, else at the end of every epoch, and after the
+last step; the plan and calibrate count them with the loop's own rule (`evaluations_in_run`)."""
 
 from __future__ import annotations
 
@@ -64,3 +66,19 @@ class CheckpointPolicy:
             return f"every {self.every_s / 60:g} min"  # type: ignore[operator]
         return (f"every {self.every_s / 60:.1f} min (Young/Daly: √(2 × {self.write_s:.2f} s write ÷ "  # type: ignore[operator]
                 f"{self.interruptions_per_hour:g} preemptions/h, {self.rate_source}), at least one minute")
+
+
+def evaluation_due(step: int, total_steps: int, *, epoch_ended: bool, every_steps: int | None) -> bool:
+    """Whether the loop evaluates at the boundary after `step` (of `total_steps`; `epoch_ended` when the step ended
+    an epoch): every `every_steps` steps, else at the end of every epoch; and after the last step either way."""
+    if step == 0:
+        return False
+    if step == total_steps:
+        return True
+    return step % every_steps == 0 if every_steps is not None else epoch_ended
+
+
+def evaluations_in_run(steps: int, steps_per_epoch: int, every_steps: int | None) -> int:
+    """How many times the loop evaluates over a run of `steps` optimizer steps (`evaluation_due` at each step)."""
+    every = every_steps or steps_per_epoch
+    return steps // every + (1 if steps % every else 0)

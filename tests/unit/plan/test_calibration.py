@@ -19,7 +19,7 @@ from tunecast.config.load import Override, load_spec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.profiles import get_profiles
-from tunecast.plan.calibrate import checkpoints_in_run, evaluations_in_run, predict, whole_run
+from tunecast.plan.calibrate import checkpoints_in_run, predict, whole_run
 from tunecast.plan.calibration import (
     DATA_KEYS,
     Calibration,
@@ -121,10 +121,7 @@ def test_the_whole_run_is_extrapolated_from_the_measured_speed() -> None:
     assert untimed["eval_hours"] == pytest.approx(0.1 * 500 / 225)
 
 
-def test_evaluations_and_checkpoints_are_counted_as_the_loop_schedules_them() -> None:
-    assert evaluations_in_run(spec(eval={"examples": 8, "every_steps": 10}), 45, 4) == 5  # 10 … 40, and 45
-    assert evaluations_in_run(spec(eval={"examples": 8}), 10, 4) == 3  # ends of epochs at 4 and 8, and 10
-    assert evaluations_in_run(spec(eval={"examples": 0}), 10, 4) == 0
+def test_checkpoints_are_counted_as_the_loop_schedules_them() -> None:
     assert checkpoints_in_run(spec(checkpoint={"every_steps": 10}), 40, 100.0, 1.0, 0.5) == 4
     assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 1000, 330.0, 1.0, 0.5) == 6  # 5 and the end
     # automatic (Young/Daly): every √(2 × 0.01 h write ÷ 0.5 preemptions/h) = 0.2 h = 720 s; never more than one a step
