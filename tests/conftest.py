@@ -53,6 +53,21 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("profile-cache")
 
 
+@pytest.fixture
+def profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The session's shared profile cache as this test's cache (`pytestmark = pytest.mark.usefixtures(
+    "profile_cache")` in a module whose tests estimate)."""
+    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+    return shared_cache
+
+
+@pytest.fixture
+def catalog() -> Any:
+    """The bundled catalog (each test's home is empty: no user rows)."""
+    from tunecast.catalog.store import load_catalog
+
+    return load_catalog(None)
+
 @dataclass
 class Result:
     code: int

@@ -37,10 +37,8 @@ CASES = [pytest.param(example, method, id=f"{example.relative_to(REPO / 'example
          for example in EXAMPLES for method in METHODS]
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the memory check's traces of the tiny model, shared with the estimator tests (the fork server passes TUNECAST_*)
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+# the memory check's traces of the tiny model, shared with the estimator tests (the fork server passes TUNECAST_*)
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 @pytest.fixture(scope="module")

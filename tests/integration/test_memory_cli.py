@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 from tests.conftest import PYTHON, run_subprocess
@@ -21,9 +20,7 @@ BREAKDOWN = {"weights", "trainable_weights", "gradients", "optimizer", "activati
              "overhead"}
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def test_the_acceptance_command_prints_the_documented_json(cli) -> None:

@@ -14,9 +14,7 @@ OPTION_KEYS = {"gpu", "gpu_count", "provider", "spot", "usd_per_hour_total", "fi
                "launcher", "nodes"}
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 @pytest.fixture

@@ -14,9 +14,7 @@ DATA = REPO / "tests" / "data" / "runners"
 SHAPE = ["--micro-batch", "2", "--seq-len", "128", "--device", "cpu"]  # the CPU: no reserve ladder to trace
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def test_runner_changes_the_estimate_and_says_how(cli) -> None:

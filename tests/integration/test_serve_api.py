@@ -22,10 +22,7 @@ from tests.models import shallow_llama
 
 from tunecast.serve.app import create_app
 
-
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 @pytest.fixture

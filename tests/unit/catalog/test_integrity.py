@@ -6,16 +6,11 @@ from datetime import date
 import pytest
 
 from tunecast.catalog.models import read_config_file
-from tunecast.catalog.store import bundled_data_dir, load_catalog
+from tunecast.catalog.store import bundled_data_dir
 
 CANONICAL = ["rtx-3090", "rtx-4090", "rtx-5090", "rtx-a6000", "rtx-6000-ada", "rtx-pro-6000", "l4", "l40s",
              "a10g", "a100-40gb", "a100-80gb", "a100-80gb-pcie", "h100-sxm", "h100-pcie", "h200", "b200",
              "mi300x"]
-
-
-@pytest.fixture(scope="module")
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 def test_every_canonical_gpu_is_present(catalog) -> None:

@@ -6,16 +6,10 @@ from pathlib import Path
 import pytest
 
 from tunecast.catalog.resolve import resolve_model
-from tunecast.catalog.store import load_catalog
 from tunecast.errors import TunecastError
 
 CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
           "intermediate_size": 128, "vocab_size": 1000}
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 @pytest.fixture

@@ -33,11 +33,6 @@ a2-ultragpu-1g,12.0,170.0,,,,us-central1,us-central1-a,1.0,0.4
 """
 
 
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
-
-
 def test_aws_cheapest_region_per_instance_and_spot_only_when_real(catalog) -> None:
     result = parse_skypilot(AWS, catalog, provider="aws", as_of=date(2026, 11, 1), source="aws/vms.csv")
     offers = {o.instance_type: o for o in result.offers}

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from tests.unit.config.helpers import problems_of
 
 from tunecast.catalog.store import load_catalog
 from tunecast.config.checks import CONTEXT_MARGIN, MAX_NODES, NODE_GPUS
@@ -16,15 +17,6 @@ from tunecast.errors import ConfigError
 
 REPO = Path(__file__).parents[3]
 TINY = REPO / "examples" / "tiny-lora.yaml"  # tiny-model: max_position_embeddings 1024
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
-
-
-def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
-    return {p.field or "": f"{p.location}: {p.message} | {p.hint}" for p in error.value.problems}
 
 
 def _types(annotation: Any) -> set[Any]:

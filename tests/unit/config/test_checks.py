@@ -4,8 +4,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tests.unit.config.helpers import problems_of
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.checks import distributed_problems
 from tunecast.config.load import load_spec, parse_set
 from tunecast.config.spec import RunSpec
@@ -13,15 +13,6 @@ from tunecast.errors import ConfigError, SharedError, TunecastError
 
 REPO = Path(__file__).parents[3]
 TINY = REPO / "examples" / "tiny-lora.yaml"
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
-
-
-def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
-    return {p.field or "": f"{p.location}: {p.message} | {p.hint}" for p in error.value.problems}
 
 
 @pytest.mark.parametrize(("settings", "field", "text"), [

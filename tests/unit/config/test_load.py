@@ -3,25 +3,16 @@
 from pathlib import Path
 
 import pytest
+from tests.unit.config.helpers import problems_of
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.load import Override, load_spec, parse_set
 from tunecast.errors import ConfigError, TunecastError
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(text)
     return path
-
-
-def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
-    return {p.field or "": f"{p.location}: {p.message} | {p.hint}" for p in error.value.problems}
 
 
 def test_three_mistakes_are_reported_together_with_keys_lines_and_fixes(tmp_path, catalog) -> None:

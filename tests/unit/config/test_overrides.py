@@ -3,23 +3,14 @@
 from pathlib import Path
 
 import pytest
+from tests.unit.config.helpers import problems_of
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.load import Override, load_spec, load_spec_text, merged_document, overrides_from, parse_set
 from tunecast.config.spec import RunSpec
 from tunecast.errors import ConfigError
 
 REPO = Path(__file__).parents[3]
 TINY = REPO / "examples" / "tiny-lora.yaml"  # sets epochs 10, grad_accum 2, warmup_steps 5
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
-
-
-def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
-    return {p.field or "": f"{p.location}: {p.message} | {p.hint}" for p in error.value.problems}
 
 
 def test_max_steps_on_the_command_line_caps_the_files_epochs(catalog) -> None:

@@ -5,10 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.unit.config.helpers import problems_of
 
 from tunecast.catalog.models import read_config_file
 from tunecast.catalog.modules import _table, patterns
-from tunecast.catalog.store import MODELS_DIR, bundled_data_dir, load_catalog
+from tunecast.catalog.store import MODELS_DIR, bundled_data_dir
 from tunecast.config.load import load_spec, load_spec_text, overrides_from, parse_set
 from tunecast.config.targets import modules_problem
 from tunecast.errors import ConfigError, TunecastError
@@ -19,15 +20,6 @@ TINY = REPO / "examples" / "tiny-lora.yaml"
 LAYERS = {"model.embed_tokens": True, "model.layers.0.self_attn": False, "model.layers.0.self_attn.q_proj": True,
           "model.layers.0.self_attn.v_proj": True, "model.layers.0.mlp": False, "model.layers.0.mlp.up_proj": True,
           "model.layers.1.self_attn.q_proj": True, "lm_head": True}
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
-
-
-def problems_of(error: pytest.ExceptionInfo[ConfigError]) -> dict[str, str]:
-    return {p.field or "": f"{p.location}: {p.message} | {p.hint}" for p in error.value.problems}
 
 
 def test_names_that_adapt_layers_pass_by_peft_suffix_rule() -> None:

@@ -7,17 +7,11 @@ import torch
 from tests.models import shallow_llama, tiny_llama
 
 from tunecast.catalog.overheads import overhead_bytes
-from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import memory
 from tunecast.estimate.memory import estimate_memory
 
 GIB = 2**30
-
-
-@pytest.fixture(scope="module")
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 def estimate(catalog, config: dict[str, Any], device: str = "cuda", gpu: str | None = "h100", **settings: Any):

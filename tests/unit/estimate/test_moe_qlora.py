@@ -5,11 +5,9 @@ the libraries). The estimate counts them so and says it first; the plan says it 
 from __future__ import annotations
 
 from datetime import date
-from pathlib import Path
 
 import pytest
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.load import Override, load_spec_text
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import estimate_memory
@@ -17,16 +15,6 @@ from tunecast.estimate.moe import unquantized_numel
 from tunecast.plan.report import PlanRequest, make_plan
 
 MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
-
-
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
-
-
-@pytest.fixture(scope="module")
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 def test_mixtral_qlora_weights_are_bf16_experts_and_nf4_attention(catalog) -> None:  # type: ignore[no-untyped-def]

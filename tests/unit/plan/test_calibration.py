@@ -38,9 +38,7 @@ MODEL = shallow_llama()
 RUN = {"model": "x", "method": "lora", "micro_batch": 4, "seq_len": 256, "lora": {"rank": 8}}
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def spec(**changes: Any) -> RunSpec:

@@ -27,10 +27,8 @@ BASE = {"method": "lora", "seq_len": 256, "global_batch": 8,
         "dataset": {"examples": 20_000_000, "mean_tokens": 200, "mean_trained_tokens": 120}}
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Traces are shared between tests; a plan's key holds the test's own model path, so plans are not.
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+# Traces are shared between tests; a plan's key holds the test's own model path, so plans are not.
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def offer(gpu: str, usd: float, spot: float | None = None, **changes: Any) -> Offer:

@@ -17,10 +17,7 @@ from tunecast.plan.planner import SAME_TIME_WITHIN, Option, Planner, divisors, m
 from tunecast.plan.report import PlanRequest, recommendations
 from tunecast.plan.workload import workload_for
 
-
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def test_divisors_are_every_divisor_largest_first() -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from tests.models import shallow_llama, tiny_llama
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.profiles import get_profiles
 from tunecast.plan.throughput import forward_seconds, matmul_seconds, step_time
@@ -23,14 +21,7 @@ WIDE = shallow_llama(hidden_size=4096, intermediate_size=14336, num_attention_he
 DEEP = tiny_llama(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_key_value_heads=4)
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
-
-
-@pytest.fixture(scope="module")
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def step(catalog, gpu: str = "h100-sxm", batch: int = 4, seq: int = 1024, count: int = 1, accum: int = 1,

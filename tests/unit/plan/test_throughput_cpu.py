@@ -5,7 +5,6 @@ on tiny tables of probed figures, each term against its arithmetic."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,9 +22,7 @@ MODEL = shallow_llama(hidden_size=128, intermediate_size=352)  # the demo model'
 RUN = RunSpec.model_validate({"model": "x", "method": "lora", "precision": "fp32", "micro_batch": 4, "seq_len": 64})
 
 
-@pytest.fixture(autouse=True)
-def _profile_cache(shared_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TUNECAST_CACHE", str(shared_cache))
+pytestmark = pytest.mark.usefixtures("profile_cache")
 
 
 def elementwise(*timings: tuple[int, float]) -> list[Any]:

@@ -5,16 +5,10 @@ from pathlib import Path
 import pytest
 from tests.unit.runners.helpers import DATA, checked, reason
 
-from tunecast.catalog.store import load_catalog
 from tunecast.config.load import load_spec, parse_set
 from tunecast.runners import axolotl, llamafactory, torchtune, trl
 
 TORCHTUNE = DATA / "torchtune" / "lora_single_device.yaml"  # epochs 2, max_steps_per_epoch 100
-
-
-@pytest.fixture
-def catalog():  # type: ignore[no-untyped-def]
-    return load_catalog(None)
 
 
 def test_a_torchtune_recipe_with_epochs_and_a_step_cap_per_epoch_is_accepted(catalog) -> None:
