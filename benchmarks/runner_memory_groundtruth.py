@@ -326,11 +326,17 @@ def estimate(spec: Any, config: dict, catalog: Any, *, as_on_gpu: bool = False) 
     from unittest import mock
 
     from tunecast.estimate.memory import estimate_memory
-    from tunecast.runners.profiles import Runner
+    from tunecast.step.variants import runner_step
 
-    variants = Runner.variants
-    on_gpu = mock.patch.object(Runner, "variants", lambda self, spec, device="cuda": variants(self, spec, "cuda"))
-    with on_gpu if as_on_gpu else contextlib.nullcontext():
+    def as_on(spec: Any, device: str = "cuda") -> tuple[str, ...]:
+        return runner_step(spec, "cuda")
+
+    # looked up where the trace's settings and the estimate's notes call it
+    on_gpu = contextlib.ExitStack()
+    if as_on_gpu:
+        on_gpu.enter_context(mock.patch("tunecast.step.settings.runner_step", as_on))
+        on_gpu.enter_context(mock.patch("tunecast.step.variants.runner_step", as_on))
+    with on_gpu:
         return estimate_memory(spec, config, device="cpu", gpu=None, overheads=catalog.overheads).as_dict()
 
 

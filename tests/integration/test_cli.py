@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.conftest import PYTHON, REPO, run_subprocess
@@ -238,6 +239,28 @@ def test_help_lists_the_commands_without_importing_the_library() -> None:
 
 SPEC_COMMANDS = [["validate"], ["memory"], ["plan"], ["train"], ["calibrate"], ["export", "skypilot"],
                  ["export", "accelerate"], ["export", "axolotl"], ["export", "llamafactory"]]
+
+
+def test_every_command_with_run_setting_flags_reads_their_help_when_shown() -> None:
+    """A command registered with @spec_command but not cls=SpecCommand would show its flags without help: every
+    command with a flag in the run-settings panel is a SpecCommand, and SPEC_COMMANDS lists them all."""
+    import typer
+
+    from tunecast.cli.app import app, register
+    from tunecast.cli.spec_flags import PANEL, SpecCommand
+
+    register()
+    found = []
+
+    def walk(command: Any, words: list[str]) -> None:
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*words, name])
+        if any(getattr(param, "rich_help_panel", None) == PANEL for param in command.params):
+            assert isinstance(command, SpecCommand), f"{' '.join(words)}: register it with cls=SpecCommand"
+            found.append(words)
+
+    walk(typer.main.get_command(app), [])
+    assert sorted(found) == sorted(SPEC_COMMANDS)
 
 
 @pytest.mark.parametrize("words", SPEC_COMMANDS, ids=" ".join)

@@ -32,23 +32,34 @@ def rules(text: str) -> tuple[dict[str, int], dict[str, dict[str, tuple[str, ...
     return layers, allowed
 
 
-def imports(path: Path) -> list[tuple[str, int]]:
-    """Every module `path` imports (absolute names, relative imports resolved), with its line."""
+def imports(source: str, module: str) -> list[tuple[str, int]]:
+    """Every module the code `source` of `module` (dotted, `tunecast.train.loop`) imports, with its line: import
+    statements (relative ones resolved; `from X import name` counts as X and X.name, name being maybe a module) and
+    the literal start of a name given to importlib.import_module or __import__."""
     found = []
-    here = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
-    for node in ast.walk(ast.parse(path.read_text())):
+    here = module.split(".")
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here[: len(here) - node.level]  # here ends with the module's own name (`__init__` too)
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
-            found += [(prefix, node.lineno)] if node.module else [(f"{prefix}.{a.name}", node.lineno) for a in node.names]
-            if node.module and node.level == 0:  # `from tunecast.estimate import memory` imports a module too
-                found += [(f"{prefix}.{alias.name}", node.lineno) for alias in node.names]
+            base = here[: len(here) - node.level] if node.level else []  # `here` ends with the module's own name
+            prefix = ".".join(base + ([node.module] if node.module else []))
+            found += [(prefix, node.lineno)] + [(f"{prefix}.{alias.name}", node.lineno) for alias in node.names]
+        elif (isinstance(node, ast.Call) and node.args
+              and ast.unparse(node.func) in ("importlib.import_module", "import_module", "__import__")):
+            name = node.args[0]
+            parts = name.values if isinstance(name, ast.JoinedStr) else [name]
+            literal = ""
+            for part in parts:  # up to the first value filled in at run time
+                if not (isinstance(part, ast.Constant) and isinstance(part.value, str)):
+                    break
+                literal += part.value
+            found += [(literal.rstrip("."), node.lineno)] if literal else []
     return found
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
 
 
 def package_of(path: Path) -> str:
@@ -64,7 +75,7 @@ def violations(layers: dict[str, int], allowed: dict[str, dict[str, tuple[str, .
         if source not in allowed:
             broken.append(f"{where}: package {source} is not in ARCHITECTURE.md's table")
             continue
-        for module, line in imports(path):
+        for module, line in imports(path.read_text(), module_name(path)):
             parts = module.split(".")
             if parts[0] in UI_LIBRARIES and source != "cli":
                 broken.append(f"{where}:{line}: imports {module}; only cli draws")
@@ -76,7 +87,7 @@ def violations(layers: dict[str, int], allowed: dict[str, dict[str, tuple[str, .
                               f"{', '.join(allowed[source]) or 'nothing'}")
             elif allowed[source][target] and len(parts) > 2 and parts[2] not in allowed[source][target]:
                 # `from tunecast.estimate import memory` is read as both the package and the module: the package
-                # name alone is a module too narrow to judge, so only named modules count
+                # name alone is too wide to judge, so only named modules count
                 broken.append(f"{where}:{line}: {source} imports {module}; from {target} it may import "
                               f"{', '.join(allowed[source][target])} only")
     return broken
@@ -130,3 +141,10 @@ def test_an_upward_import_is_caught(table: tuple[dict[str, int], dict[str, dict[
                                                    "<!-- layers:end -->"))
     narrow = {**allowed, "plan": {**allowed["plan"], "estimate": ("tracer",)}}
     assert any("from estimate it may import tracer only" in line for line in violations(layers, narrow))
+
+
+def test_every_way_of_importing_is_read() -> None:
+    code = ("from ..estimate import tracer\nimport importlib\nimportlib.import_module(f'tunecast.report.{name}')\n"
+            "__import__('tunecast.serve.app')\nimport tunecast.plan.cost as cost\n")
+    found = {name for name, _ in imports(code, "tunecast.train.loop")}
+    assert {"tunecast.estimate.tracer", "tunecast.report", "tunecast.serve.app", "tunecast.plan.cost"} <= found

@@ -267,11 +267,11 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
     try:
         flag.check()
         _quiet_libraries()
-        from tunecast.report.run import redraw
+        from tunecast.report.run import ReportView
         from tunecast.train.run import TrainRequest, run_training
 
         request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
-                               check_memory=not no_memory_check, started=started, view=redraw if report else None)
+                               check_memory=not no_memory_check, started=started, view=ReportView() if report else None)
         with listening(estimate_line):  # the memory check before training may trace on first use
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:

@@ -41,8 +41,6 @@ class Default:
         return spec.method in self.methods and (not self.single_gpu or spec.gpus.count == 1)
 
 
-
-
 @dataclass(frozen=True)
 class Runner:
     name: str

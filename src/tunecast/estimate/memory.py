@@ -46,8 +46,6 @@ DOUBLE_QUANT_BLOCK = 256
 # states with one fp32 absmax per block of 256; tensors under 4096 elements keep fp32 states. Paged
 # states (tensors of at least 1e5 elements) live in CUDA managed memory, outside the caching allocator.
 OPTIMIZER_8BIT_BLOCK = 256
-OPTIMIZER_8BIT_MIN_NUMEL = 4096
-PAGED_MIN_NUMEL = 100_000
 
 # Activation offload keeps the layer being computed and the one being copied on the device (torchtune's
 # OffloadActivations overlaps copies on a second stream).
@@ -564,7 +562,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     if traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
     if spec.runner != "tunecast":
-        from tunecast.runners.profiles import runner_notes
+        from tunecast.step.variants import runner_notes
 
         step.notes.extend(runner_notes(spec, device))
         if closed_form:

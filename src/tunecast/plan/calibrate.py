@@ -52,7 +52,7 @@ from tunecast.config.load import LoadedSpec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.plan.calibration import CALIBRATION_FORMAT, DATA_KEYS, selected, speed_hash, speed_settings
-from tunecast.train.policy import evaluations_in_run, young_daly_interval
+from tunecast.train.policy import checkpoints_in_run, evaluations_in_run
 from tunecast.train.steady import (
     CONFIDENCE,
     MIN_INTERVAL_STEPS,
@@ -379,20 +379,6 @@ def predict(loaded: LoadedSpec, catalog: Catalog, figures: Any, resolved: dict[s
                    "peak_reserved_gib": configured.memory.peak_reserved_gib,
                    "peak_allocated_gib": configured.memory.peak_allocated_gib},
     }
-
-
-def checkpoints_in_run(spec: RunSpec, steps: int, train_seconds: float, write_seconds: float,
-                       interruptions_per_hour: float) -> int:
-    """Checkpoints the loop writes (loop.CheckpointPolicy): one before every step the policy says is due, and one
-    at the end. Due every `checkpoint.every_steps` steps, or every `every_minutes`, or at the Young/Daly
-    interval of the write time (the automatic policy)."""
-    every_steps = spec.checkpoint.every_steps
-    every_s = spec.checkpoint.every_minutes * 60 if spec.checkpoint.every_minutes else None
-    if every_steps is None and every_s is None:
-        every_s = young_daly_interval(write_seconds / SECONDS_PER_HOUR, interruptions_per_hour) * SECONDS_PER_HOUR
-    by_steps = (steps - 1) // every_steps if every_steps else 0
-    by_time = int(train_seconds // every_s) if every_s else 0
-    return min(max(0, steps - 1), by_steps + by_time) + 1
 
 
 def whole_run(spec: RunSpec, predicted: dict[str, Any], measured: dict[str, Any], usd_per_hour: float, *,

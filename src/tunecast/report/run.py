@@ -59,10 +59,15 @@ class RunRecords:
         return next((e for e in self.events if e.get("event") == "start"), {})
 
 
-def redraw(storage: Storage, metrics: str, config: str) -> None:
-    """Rewrite a run's report.html from its metrics so far: `train --report` hands this to the run as its view,
-    called at every checkpoint and at the end."""
-    storage.write(REPORT_FILE, run_report(storage.url, RunRecords.parse(metrics), config).encode())
+@dataclass(frozen=True)
+class ReportView:
+    """`train --report`: the view a run is given (train/loop.py RunView), which rewrites report.html in its output from
+    the metrics so far, at every checkpoint and at the end."""
+
+    name: str = REPORT_FILE
+
+    def __call__(self, storage: Storage, metrics: str, config: str) -> None:
+        storage.write(self.name, run_report(storage.url, RunRecords.parse(metrics), config).encode())
 
 
 def read_run(url: str) -> tuple[RunRecords, str | None, dict[str, Any] | None]:

@@ -19,8 +19,6 @@ _ATTENTION = {"flash_attention_2": "flash", "sdpa": "sdpa", "eager": "eager"}
 # axolotl prompt formats (datasets.N.type) whose rows tunecast reads as one of its formats.
 _FORMATS = {"alpaca": "alpaca", "chat_template": "messages", "messages": "messages", "completion": "text",
             "pretrain": "text"}
-_DATA_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow",
-               ".txt": "text"}
 _DEFAULTS = {"seq_len": 512, "micro_batch": 1, "grad_accum": 1, "epochs": 1.0, "optimizer": "adamw",
              "schedule": "cosine", "precision": "bf16", "grad_checkpointing": False, "method": "full"}
 _FSDP_QUIET = "an FSDP setting tunecast does not model: " + NO_EFFECT + " of the estimate"

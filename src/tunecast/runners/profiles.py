@@ -1,5 +1,5 @@
-"""How each runner (config/runner.py) differs from tunecast's step, in words: an estimate's notes, and the table in
-docs/runners.md. What a runner is, its defaults and its step variants, is config/runner.py's; what each variant does,
+"""How each runner (config/runner.py) differs from tunecast's step, as the table in docs/runners.md. What a runner is,
+its defaults and its step variants, is config/runner.py's; what each variant does, and the notes an estimate gives,
 step/variants.py's."""
 
 from __future__ import annotations
@@ -7,16 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunecast.config.runner import RUNNERS
-from tunecast.config.spec import RunSpec
-from tunecast.step.variants import STEP_VARIANTS, runner_step
-
-
-def runner_notes(spec: RunSpec, device: str = "cuda") -> list[str]:
-    """What `spec`'s runner changes in its step on `device`, and what it does that is not traced, for an estimate's
-    notes."""
-    runner = RUNNERS[spec.runner]
-    lines = [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in runner_step(spec, device)]
-    return lines + [f"runner {runner.label}: not modelled: {text}" for text in runner.unmodelled]
+from tunecast.step.variants import MIXED, STEP_VARIANTS
 
 
 def differences_table() -> str:
@@ -28,7 +19,7 @@ def differences_table() -> str:
         if runner.name == "tunecast":
             continue
         steps = [f"`{v}` (always): {STEP_VARIANTS[v]}" for v in runner.step]
-        steps += [f"`{v}` (bf16, bf16-mixed, fp16-mixed): {STEP_VARIANTS[v]}" for v in runner.mixed_step]
+        steps += [f"`{v}` ({', '.join(MIXED)}): {STEP_VARIANTS[v]}" for v in runner.mixed_step]
         steps += [f"`{v}` (QLoRA): {STEP_VARIANTS[v]}" for v in runner.qlora_step]
         defaults = []
         for default in runner.defaults:

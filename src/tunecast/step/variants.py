@@ -1,5 +1,6 @@
-"""How other tools' training steps differ from tunecast's, as the tracer runs them: each variant by name, and which
-of them a config's runner runs (`runner_step`). Which tool names which variants, with sources: config/runner.py."""
+"""How other tools' training steps differ from tunecast's, as the tracer runs them: each variant by name, which of them
+a config's runner runs (`runner_step`), and what an estimate says of them (`runner_notes`). Which tool names which
+variants, with sources: config/runner.py."""
 
 from __future__ import annotations
 
@@ -53,3 +54,11 @@ def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
         # those hold no logits
         chosen.append("compiled-loss")
     return tuple(dict.fromkeys(chosen))
+
+
+def runner_notes(spec: RunSpec, device: str = "cuda") -> list[str]:
+    """What `spec`'s runner changes in its step on `device`, and what it does that is not traced, for an estimate's
+    notes."""
+    runner = RUNNERS[spec.runner]
+    lines = [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in runner_step(spec, device)]
+    return lines + [f"runner {runner.label}: not modelled: {text}" for text in runner.unmodelled]

@@ -60,9 +60,14 @@ class Reporter(Protocol):
     def step(self, record: dict[str, Any], total_steps: int, eta_s: float, cost_at_end_usd: float) -> None: ...
 
 
-# What a run shows of itself as it goes (`train --report`: report.html), given the output's storage, metrics.jsonl
-# so far and config.yaml: drawn by the command layer, called by rank 0 at every checkpoint and at the end.
-RunView = Callable[[Storage, str, str], None]
+class RunView(Protocol):
+    """What a run shows of itself as it goes (`train --report`: report.html), drawn by the command layer: rank 0 calls
+    it at every checkpoint and at the end with the output's storage, metrics.jsonl so far and config.yaml."""
+
+    @property
+    def name(self) -> str: ...  # what it writes, for the message when it could not
+
+    def __call__(self, storage: Storage, metrics: str, config: str) -> None: ...
 
 
 @dataclass
@@ -400,4 +405,4 @@ def refresh_view(session: Session) -> None:
     try:
         session.view(session.store.storage, session.metrics.path.read_text(), session.config_yaml)
     except Exception as error:  # any failure of the view leaves the run as it is
-        session.reporter.event("report", f"view of the run not updated: {type(error).__name__}: {error}")
+        session.reporter.event("report", f"{session.view.name} not updated: {type(error).__name__}: {error}")

@@ -1,7 +1,8 @@
 """When a run checkpoints and evaluates. Checkpoints: every N steps, every N minutes, or by the Young/Daly rule, which
 balances the time a write costs against the work a preemption loses; the plan prices a run's checkpoints by the same
 rule (plan/cost.py). Evaluations: after every `eval.every_steps` steps, else at the end of every epoch, and after the
-last step; the plan and calibrate count them with the loop's own rule (`evaluations_in_run`)."""
+last step. Calibrate counts both, and the plan its evaluations, with the loop's own rules (`checkpoints_in_run`,
+`evaluations_in_run`)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,14 @@ def evaluations_in_run(steps: int, steps_per_epoch: int, every_steps: int | None
     """How many times the loop evaluates over a run of `steps` optimizer steps (`evaluation_due` at each step)."""
     every = every_steps or steps_per_epoch
     return steps // every + (1 if steps % every else 0)
+
+
+def checkpoints_in_run(spec: RunSpec, steps: int, train_seconds: float, write_seconds: float,
+                       interruptions_per_hour: float) -> int:
+    """How many checkpoints the loop writes over a run of `steps` steps taking `train_seconds`, each write taking
+    `write_seconds` (CheckpointPolicy): one before every step the policy finds due, and one at the end."""
+    policy = CheckpointPolicy.for_spec(spec, interruptions_per_hour=interruptions_per_hour, rate_source="",
+                                       estimated_write_s=write_seconds)
+    by_steps = (steps - 1) // policy.every_steps if policy.every_steps else 0
+    by_time = int(train_seconds // policy.every_s) if policy.every_s else 0
+    return min(max(0, steps - 1), by_steps + by_time) + 1

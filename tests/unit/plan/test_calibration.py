@@ -19,7 +19,7 @@ from tunecast.config.load import Override, load_spec
 from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.profiles import get_profiles
-from tunecast.plan.calibrate import checkpoints_in_run, predict, whole_run
+from tunecast.plan.calibrate import predict, whole_run
 from tunecast.plan.calibration import (
     DATA_KEYS,
     Calibration,
@@ -117,14 +117,6 @@ def test_the_whole_run_is_extrapolated_from_the_measured_speed() -> None:
     # no evaluation timed (no held-out example in the slice): the plan's, scaled by measured ÷ predicted speed
     untimed = whole_run(run, predicted, {**measured, "eval_seconds": None}, 2.0, interruptions_per_hour=0.5)
     assert untimed["eval_hours"] == pytest.approx(0.1 * 500 / 225)
-
-
-def test_checkpoints_are_counted_as_the_loop_schedules_them() -> None:
-    assert checkpoints_in_run(spec(checkpoint={"every_steps": 10}), 40, 100.0, 1.0, 0.5) == 4
-    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 1000, 330.0, 1.0, 0.5) == 6  # 5 and the end
-    # automatic (Young/Daly): every √(2 × 0.01 h write ÷ 0.5 preemptions/h) = 0.2 h = 720 s; never more than one a step
-    assert checkpoints_in_run(spec(), 1000, 7200.0, 36.0, 0.5) == 7200 // 720 + 1
-    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 3, 3600.0, 1.0, 0.5) == 3
 
 
 def test_the_whole_run_respects_max_steps(tmp_path: Path) -> None:

@@ -1,16 +1,17 @@
-"""The loop evaluates where one rule says (train/policy.py), and the plan and calibrate count those evaluations with
-the same rule: a run's predicted time holds exactly the evaluations the run will do."""
+"""The loop evaluates and checkpoints where one rule says (train/policy.py), and the plan and calibrate count them
+with the same rules: a run's predicted time holds exactly the evaluations and checkpoints the run will do."""
 
 from __future__ import annotations
 
 import pytest
 
+from tunecast.config.spec import RunSpec
 from tunecast.plan.workload import Workload, evaluations
-from tunecast.train.policy import evaluation_due, evaluations_in_run
+from tunecast.train.policy import checkpoints_in_run, evaluation_due, evaluations_in_run
 
 
 def due_steps(steps: int, per_epoch: int, every_steps: int | None) -> list[int]:
-    """The boundaries the loop evaluates at, step by step, as loop._eval_due asks."""
+    """The boundaries the loop evaluates at, step by step (loop._eval_due asks evaluation_due at each)."""
     return [step for step in range(1, steps + 1)
             if evaluation_due(step, steps, epoch_ended=step % per_epoch == 0, every_steps=every_steps)]
 
@@ -40,3 +41,15 @@ def test_the_plan_counts_the_evaluation_after_the_last_step() -> None:
     assert evaluations(held_out, 300, 8, None) == 3  # max_steps 300: epochs end at 125 and 250, then the last
     assert evaluations(held_out, 375, 8, 100) == 4  # at 100, 200, 300, and after step 375
     assert evaluations(workload(0), 375, 8, 100) == 0
+
+
+def spec(**changes: object) -> RunSpec:
+    return RunSpec.model_validate({"model": "x", **changes})
+
+
+def test_checkpoints_are_counted_as_the_loop_schedules_them() -> None:
+    assert checkpoints_in_run(spec(checkpoint={"every_steps": 10}), 40, 100.0, 1.0, 0.5) == 4
+    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 1000, 330.0, 1.0, 0.5) == 6  # 5 and the end
+    # automatic (Young/Daly): every √(2 × 0.01 h write ÷ 0.5 preemptions/h) = 0.2 h = 720 s; never more than one a step
+    assert checkpoints_in_run(spec(), 1000, 7200.0, 36.0, 0.5) == 7200 // 720 + 1
+    assert checkpoints_in_run(spec(checkpoint={"every_minutes": 1}), 3, 3600.0, 1.0, 0.5) == 3
