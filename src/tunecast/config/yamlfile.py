@@ -1,4 +1,6 @@
-"""Read a YAML config into plain data, remembering the line of every key and refusing duplicate keys."""
+"""Read a YAML config into plain data, remembering the line of every key. A key written twice is refused in a
+tunecast config; in another tool's file it is read as that tool reads it (PyYAML keeps the last value), with a
+warning."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ import yaml
 from tunecast.errors import Problem
 
 
-def read_yaml(text: str) -> tuple[Any, dict[str, int], list[Problem]]:
-    """Parse `text`; return (data, {dotted key: line}, problems). Problems are syntax errors and
-    duplicate keys, which PyYAML would otherwise resolve silently by keeping the last value."""
+def read_yaml(text: str, *, last_wins: bool = False) -> tuple[Any, dict[str, int], list[Problem]]:
+    """Parse `text`; return (data, {dotted key: line}, problems). Problems are syntax errors and duplicate keys,
+    which PyYAML would otherwise resolve silently by keeping the last value: an error, or with `last_wins` (another
+    tool's file, which that tool reads with PyYAML) a warning, the last value kept."""
     lines: dict[str, int] = {}
     problems: list[Problem] = []
     try:
@@ -23,7 +26,7 @@ def read_yaml(text: str) -> tuple[Any, dict[str, int], list[Problem]]:
         node = loader.get_single_node()
         if node is None:
             return {}, lines, problems
-        return _build(loader, node, "", lines, problems), lines, problems
+        return _build(loader, node, "", lines, problems, last_wins), lines, problems
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         line = mark.line + 1 if mark is not None else None
@@ -43,7 +46,7 @@ def read_yaml(text: str) -> tuple[Any, dict[str, int], list[Problem]]:
 
 
 def _build(loader: yaml.SafeLoader, node: yaml.Node, path: str, lines: dict[str, int],
-           problems: list[Problem]) -> Any:
+           problems: list[Problem], last_wins: bool) -> Any:
     if isinstance(node, yaml.MappingNode):
         result: dict[str, Any] = {}
         for key_node, value_node in node.value:
@@ -55,12 +58,18 @@ def _build(loader: yaml.SafeLoader, node: yaml.Node, path: str, lines: dict[str,
                 continue
             dotted = f"{path}{key}"
             if key in result:
-                problems.append(Problem(dotted, f"appears twice (lines {lines[dotted]} and {line})",
-                                        "keep one of them", location=f"line {line}"))
-                continue
+                if not last_wins:
+                    problems.append(Problem(dotted, f"appears twice (lines {lines[dotted]} and {line})",
+                                            "keep one of them", location=f"line {line}"))
+                    continue
+                problems.append(Problem(dotted, f"appears twice (lines {lines[dotted]} and {line}): the last value is "
+                                        "read, as the tool reads it", "keep one of them", location=f"line {line}",
+                                        severity="warning"))
+                for known in [k for k in lines if k.startswith(f"{dotted}.")]:  # the first value's own keys
+                    del lines[known]
             lines[dotted] = line
-            result[key] = _build(loader, value_node, f"{dotted}.", lines, problems)
+            result[key] = _build(loader, value_node, f"{dotted}.", lines, problems, last_wins)
         return result
     if isinstance(node, yaml.SequenceNode):
-        return [_build(loader, item, path, lines, problems) for item in node.value]
+        return [_build(loader, item, path, lines, problems, last_wins) for item in node.value]
     return loader.construct_object(node, deep=True)

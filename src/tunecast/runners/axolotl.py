@@ -26,8 +26,7 @@ _FSDP_QUIET = "an FSDP setting tunecast does not model: " + NO_EFFECT + " of the
 
 def read(path: Path) -> Imported:
     """`path`'s axolotl config as a tunecast config (runner axolotl), with every key accounted for."""
-    data, lines = mp.load(path, LABEL)
-    m = Mapper("axolotl", LABEL, path, lines)
+    m, data = mp.start("axolotl", LABEL, path)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     mp.steps_replace_epochs(m, "num_epochs")

@@ -25,8 +25,7 @@ _DEFAULTS = {"method": "lora", "seq_len": 2048, "grad_checkpointing": True, "mic
 
 def read(path: Path) -> Imported:
     """`path`'s LLaMA-Factory config as a tunecast config (runner llamafactory), with every key accounted for."""
-    data, lines = mp.load(path, LABEL)
-    m = Mapper("llamafactory", LABEL, path, lines)
+    m, data = mp.start("llamafactory", LABEL, path)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     mp.steps_replace_epochs(m, "num_train_epochs")

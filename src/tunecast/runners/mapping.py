@@ -161,8 +161,9 @@ def leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), data)]
 
 
-def load(path: Path, label: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """The tool's YAML file as a mapping with the line of each key; a user error when it cannot be one."""
+def start(tool: str, label: str, path: Path) -> tuple[Mapper, dict[str, Any]]:
+    """The tool's YAML file read as the tool reads it (a key written twice: the last value, said in a note), and the
+    Mapper that accounts for its keys; a user error when it cannot be a config."""
     from tunecast.config.yamlfile import read_yaml
 
     try:
@@ -173,15 +174,19 @@ def load(path: Path, label: str) -> tuple[dict[str, Any], dict[str, int]]:
     except (OSError, UnicodeDecodeError) as error:
         raise TunecastError(f"cannot read {label} config {path}: {error}", field="config",
                             hint="give the tool's YAML training config") from None
-    data, lines, problems = read_yaml(text)
-    if problems:
-        first = problems[0]
+    data, lines, problems = read_yaml(text, last_wins=True)
+    errors = [problem for problem in problems if problem.severity == "error"]
+    if errors:
+        first = errors[0]
         where = f" ({first.location})" if first.location else ""
         raise TunecastError(f"{path}{where}: {first.message}", field=first.field or "config", hint=first.hint)
     if not isinstance(data, dict):
         raise TunecastError(f"{path} is not a {label} config: it must hold a mapping of keys", field="config",
                             hint=f"give {label}'s YAML training config (key: value lines)")
-    return data, lines
+    mapper = Mapper(tool, label, path, lines)
+    for warning in problems:
+        mapper.note(f"{warning.field} {warning.message}")
+    return mapper, data
 
 
 def run_handlers(m: Mapper, data: Mapping[str, Any], handlers: Mapping[str, Handler],

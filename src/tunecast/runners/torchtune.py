@@ -57,8 +57,7 @@ _LOSSES = ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss")
 
 def read(path: Path) -> Imported:
     """`path`'s torchtune config as a tunecast config (runner torchtune), with every key accounted for."""
-    data, lines = mp.load(path, LABEL)
-    m = Mapper("torchtune", LABEL, path, lines)
+    m, data = mp.start("torchtune", LABEL, path)
     _model(m, data.get("model"))
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     m.default("precision", "fp32")

@@ -25,8 +25,7 @@ _BUILDERS = ("json", "csv", "parquet", "text", "arrow")  # datasets' loaders for
 
 def read(path: Path) -> Imported:
     """`path`'s TRL SFT config as a tunecast config (runner trl), with every key accounted for."""
-    data, lines = mp.load(path, LABEL)
-    m = Mapper("trl", LABEL, path, lines)
+    m, data = mp.start("trl", LABEL, path)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     mp.steps_replace_epochs(m, "num_train_epochs")

@@ -163,3 +163,13 @@ def test_an_eval_interval_without_examples_is_a_warning(tmp_path, catalog) -> No
     loaded = load_spec(path, [], catalog)
     [warning] = loaded.warnings
     assert warning.field == "eval.every_steps" and "no effect" in warning.message
+
+
+def test_another_tools_file_keeps_a_repeated_keys_last_value_with_a_warning() -> None:
+    from tunecast.config.yamlfile import read_yaml
+
+    data, lines, problems = read_yaml("a:\n  b: 1\n  c: 2\na:\n  b: 3\n", last_wins=True)
+    assert data == {"a": {"b": 3}} and lines == {"a": 4, "a.b": 5}
+    assert [(p.field, p.severity) for p in problems] == [("a", "warning")]
+    _, _, refused = read_yaml("a: 1\na: 2\n")
+    assert [(p.field, p.severity) for p in refused] == [("a", "error")]

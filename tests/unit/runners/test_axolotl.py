@@ -85,3 +85,16 @@ def test_file_errors(tmp_path: Path) -> None:
     (tmp_path / "broken.yml").write_text("base_model: [a\n", encoding="utf-8")
     with pytest.raises(TunecastError, match="YAML"):
         axolotl.read(tmp_path / "broken.yml")
+
+
+def test_a_key_written_twice_is_read_as_axolotl_reads_it(tmp_path: Path) -> None:
+    """PyYAML, which the tools load their files with, keeps a repeated key's last value: so does tunecast, and says so."""
+    config = tmp_path / "twice.yml"
+    config.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nsequence_len: 1024\nmicro_batch_size: 2\n"
+                      "lora_r: 8\nsequence_len: 2048\nlora_target_modules:\n  - q_proj\nlora_target_modules:\n"
+                      "  - v_proj\n")
+    imported = axolotl.read(config)
+    spec = checked(imported)
+    assert (spec.seq_len, spec.lora.targets) == (2048, ["v_proj"])
+    assert imported.lines["seq_len"] == 6
+    assert "sequence_len appears twice (lines 3 and 6): the last value is read, as the tool reads it" in imported.notes
