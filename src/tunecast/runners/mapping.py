@@ -186,7 +186,29 @@ def start(tool: str, label: str, path: Path) -> tuple[Mapper, dict[str, Any]]:
     mapper = Mapper(tool, label, path, lines)
     for warning in problems:
         mapper.note(f"{warning.field} {warning.message}")
+    worded = _yes_no_words(data)
+    if worded:
+        mapper.note(f"{', '.join(worded)}: a yes/no word in quotes, read as true or false as {label} reads it")
     return mapper, data
+
+
+# Yes/no words a YAML file may quote ("true"), which then load as text: the transformers argument parser
+# (string_to_bool) and pydantic's lax booleans (axolotl's schema) read them, in any case, as the booleans they name.
+_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def _yes_no_words(data: Any, prefix: str = "") -> list[str]:
+    """Replace every text value of `data` that is a yes/no word by its boolean, in place; the dotted keys replaced."""
+    replaced: list[str] = []
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in list(items):
+        dotted = f"{prefix}{key}"
+        if isinstance(value, str) and value.strip().lower() in _WORDS:
+            data[key] = _WORDS[value.strip().lower()]
+            replaced.append(dotted)
+        else:
+            replaced += _yes_no_words(value, f"{dotted}.")
+    return replaced
 
 
 def run_handlers(m: Mapper, data: Mapping[str, Any], handlers: Mapping[str, Handler],

@@ -98,3 +98,14 @@ def test_a_key_written_twice_is_read_as_axolotl_reads_it(tmp_path: Path) -> None
     assert (spec.seq_len, spec.lora.targets) == (2048, ["v_proj"])
     assert imported.lines["seq_len"] == 6
     assert "sequence_len appears twice (lines 3 and 6): the last value is read, as the tool reads it" in imported.notes
+
+
+def test_yes_no_words_in_quotes_are_read_as_the_tool_reads_them(tmp_path: Path) -> None:
+    config = tmp_path / "quoted.yml"
+    config.write_text('base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nsequence_len: 1024\nmicro_batch_size: 2\n'
+                      'sample_packing: "True"\ngradient_checkpointing: "false"\nbf16: "yes"\n')
+    imported = axolotl.read(config)
+    spec = checked(imported)
+    assert (spec.packing, spec.grad_checkpointing, spec.precision) == (True, False, "bf16")
+    assert any(note.startswith("sample_packing, gradient_checkpointing, bf16: a yes/no word in quotes")
+               for note in imported.notes)
