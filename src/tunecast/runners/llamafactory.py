@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.config.imported import Imported
+from tunecast.runners import llamafactory_v1
 from tunecast.runners import mapping as mp
 from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
 
@@ -24,8 +25,12 @@ _DEFAULTS = {"method": "lora", "seq_len": 2048, "grad_checkpointing": True, "mic
 
 
 def read(path: Path) -> Imported:
-    """`path`'s LLaMA-Factory config as a tunecast config (runner llamafactory), with every key accounted for."""
+    """`path`'s LLaMA-Factory config as a tunecast config (runner llamafactory), with every key accounted for. A
+    file in LLaMA-Factory's v1 schema (`model:`, plugin sections) is read by llamafactory_v1."""
     m, data = mp.start("llamafactory", LABEL, path)
+    if llamafactory_v1.is_v1(data):
+        m.label = llamafactory_v1.LABEL
+        return llamafactory_v1.read(m, data)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     mp.steps_replace_epochs(m, "num_train_epochs")

@@ -27,16 +27,28 @@ def read(path: Path) -> Imported:
     """`path`'s TRL SFT config as a tunecast config (runner trl), with every key accounted for."""
     m, data = mp.start("trl", LABEL, path)
     _check(m, data)
-    mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    script = _fsdp_qlora_script(data)
+    mp.run_handlers(m, data, _handlers(data, script), _QUIET)
     mp.steps_replace_epochs(m, "num_train_epochs")
-    _precision(m, data)
+    _precision(m, data, "bfloat16" if script else "float32")
+    if script:
+        for key, value in _SCRIPT_DEFAULTS.items():
+            m.default(key, value)
+        m.note(f"model_id and dataset_path are the script arguments of {_SCRIPT}: estimated as that script trains "
+               "(QLoRA r 16, alpha 8, dropout 0.05 on every linear layer, bf16 weights, packed, transformers' "
+               "TrainingArguments defaults for the rest); set method and lora.* if your script differs")
+        m.note("the script's notebook pins trl 0.8.6, whose SFTTrainer takes the loss from the full logits; the trl "
+               "runner estimates today's fused head, lower by the logits' memory")
+    elif m.mapped.get("model_id"):
+        m.note("model_id is a training script's own argument, not TRL's (ModelConfig.model_name_or_path): read as the "
+               "model; how the script loads and adapts it is in its code: set method and lora.* to match it")
     for key, value in _DEFAULTS.items():
         m.default(key, value)
     if m.get("method") in ("lora", "qlora"):
         for key, value in _LORA_DEFAULTS.items():
             m.default(key, value)
         mp.peft_default_targets(m, str(m.get("model") or ""))
-    return m.finish(data, [*_HANDLERS, *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
+    return m.finish(data, [*_handlers(data, script), *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
 
 
 def _check(m: Mapper, data: dict[str, Any]) -> None:
@@ -128,13 +140,13 @@ def _fsdp(m: Mapper, key: str, value: Any) -> None:
     m.note(mp.LAUNCH_COUNT)
 
 
-def _precision(m: Mapper, data: dict[str, Any]) -> None:
-    """The model's load dtype (ModelConfig.dtype or model_init_kwargs.dtype, float32 by default) with the Trainer's
-    autocast (bf16 true by default unless fp16)."""
+def _precision(m: Mapper, data: dict[str, Any], load_dtype: str) -> None:
+    """The model's load dtype (ModelConfig.dtype or model_init_kwargs.dtype; float32 when TRL loads the model by its
+    id) with the Trainer's autocast (bf16 true by default unless fp16)."""
     given = data.get("model_init_kwargs")
     init: dict[str, Any] = given if isinstance(given, dict) else {}
     dtype_key = next((f"model_init_kwargs.{k}" for k in ("dtype", "torch_dtype") if k in init), "dtype")
-    dtype = str(init.get(dtype_key.rpartition(".")[2]) or data.get("dtype") or "float32")
+    dtype = str(init.get(dtype_key.rpartition(".")[2]) or data.get("dtype") or load_dtype)
     fp16 = bool(data.get("fp16"))
     bf16 = data.get("bf16") is not False and not fp16
     if fp16 or dtype == "float16":
@@ -152,6 +164,52 @@ def _precision(m: Mapper, data: dict[str, Any]) -> None:
     m.default("precision", precision)
     for key, value in init.items():
         m.skip(f"model_init_kwargs.{key}", value, "how the model is loaded: " + NO_EFFECT)
+
+
+# A TRL script config without ModelConfig: philschmid's FSDP QLoRA script, whose ScriptArguments are model_id,
+# dataset_path and max_seq_length (default 512); the rest of its file is transformers' TrainingArguments, not SFTConfig.
+# It fixes in code what it trains: BitsAndBytesConfig 4-bit NF4 with bf16 compute and storage, torch_dtype bfloat16,
+# LoraConfig(r=16, lora_alpha=8, lora_dropout=0.05, target_modules="all-linear"), SFTTrainer(packing=True).
+_SCRIPT = ("run_fsdp_qlora.py (github.com/philschmid/deep-learning-pytorch-huggingface training/scripts, commit "
+           "4a0caadaf58e6f9ac64be95250ac5a49193b308b)")
+_SCRIPT_DEFAULTS = {"method": "qlora", "lora.rank": 16, "lora.alpha": 8, "lora.dropout": 0.05,
+                    "lora.targets": "all-linear", "packing": True, "seq_len": 512, "grad_checkpointing": False,
+                    "learning_rate": 5e-5}
+
+
+def _fsdp_qlora_script(data: dict[str, Any]) -> bool:
+    """Whether the file holds that script's arguments (model_id with dataset_path) rather than TRL's ModelConfig."""
+    return "model_name_or_path" not in data and "model_id" in data and "dataset_path" in data
+
+
+def _dataset_path(m: Mapper, key: str, value: Any) -> None:
+    """The script loads `dataset_path`/train_dataset.json, rows of chat messages."""
+    local = mp.dataset_file(m, str(Path(str(value)) / "train_dataset.json"))
+    if local is None or not Path(local).exists():
+        m.skip(key, value, f"the script reads {value}/train_dataset.json, which is not next to the config: set "
+                           "dataset.path, or dataset.examples and dataset.mean_tokens")
+        return
+    m.put(key, "dataset.path", local)
+    m.put(key, "dataset.format", "messages")
+
+
+def _script_seq_len(m: Mapper, key: str, value: Any) -> None:
+    m.skip(key, value, "not a field of the script's ScriptArguments (max_seq_length is): the TRL its notebook pins, "
+                       "0.8.6, sets fields only from the file (trl/commands/cli_utils.py YamlConfigParser."
+                       "merge_dataclasses), so the run is max_seq_length's default, 512 tokens; set seq_len if yours "
+                       "differs")
+    m.note(f"{key}: {value} is not read by the script: the estimate is at max_seq_length's default, 512 tokens")
+
+
+_SCRIPT_HANDLERS: dict[str, mp.Handler] = {"dataset_path": _dataset_path, "max_seq_len": _script_seq_len}
+
+
+def _handlers(data: dict[str, Any], script: bool) -> dict[str, mp.Handler]:
+    """TRL's keys, and `model_id` where the file has no model_name_or_path: no TRL key (ModelConfig names the model
+    model_name_or_path) but a script's own argument, which such scripts load as the model."""
+    if "model_name_or_path" in data:
+        return _HANDLERS
+    return {**_HANDLERS, "model_id": mp.to("model"), **(_SCRIPT_HANDLERS if script else {})}
 
 
 _HANDLERS: dict[str, mp.Handler] = {
@@ -182,7 +240,8 @@ _QUIET: dict[str, str] = {
                      "chat_template_path", "shuffle_dataset", "truncation_mode", "pad_to_multiple_of",
                      "packing_strategy", "eval_packing", "lr_scheduler_kwargs", "gradient_checkpointing_kwargs",
                      "torch_empty_cache_steps", "do_train", "do_eval", "overwrite_output_dir",
-                     "resume_from_checkpoint", "save_strategy", "eval_strategy", "per_device_eval_batch_size",
+                     "resume_from_checkpoint", "save_strategy", "eval_strategy", "evaluation_strategy",
+                     "per_device_eval_batch_size",
                      "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns", "tf32",
                      "bf16_full_eval", "ddp_timeout", "ddp_find_unused_parameters", "push_to_hub", "hub_model_id",
                      "hub_strategy", "hub_private_repo", "save_only_model", "adam_beta1", "adam_beta2",

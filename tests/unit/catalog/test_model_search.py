@@ -35,7 +35,8 @@ def test_closer_names_come_first_and_unrelated_ones_not_at_all() -> None:
 
 def test_the_cli_and_an_unknown_name_use_the_same_search() -> None:
     catalog = load_catalog(None)
-    assert [d["name"] for d in model_documents(catalog, search="Llama 3.1 8B")] == ["meta-llama/Llama-3.1-8B"]
+    assert [d["name"] for d in model_documents(catalog, search="Llama 3.1 8B")] == [
+        "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct"]
     # spelled alike, `meta-llama/Meta-Llama-3-8B` and `Llama-3.2-1B` are closer than the model these words name
     assert (catalog.models.suggestion("meta llama 3.1 8b") or "").startswith("Did you mean 'meta-llama/Llama-3.1-8B'")
     assert (catalog.models.suggestion("8B llama 3.1") or "").startswith("Did you mean 'meta-llama/Llama-3.1-8B'")

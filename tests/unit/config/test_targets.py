@@ -96,16 +96,16 @@ def test_an_architecture_the_table_lacks_is_checked_on_the_built_model(tmp_path:
     from tunecast.step.setup import apply_adapters
     from tunecast.step.shape import build_meta_model
 
-    config = {"model_type": "phi3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    config = {"model_type": "olmo2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
               "max_position_embeddings": 512, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
     assert config["model_type"] not in _table()
-    path = tmp_path / "phi3.json"
+    path = tmp_path / "olmo2.json"
     path.write_text(json.dumps(config))
-    load_spec(None, [parse_set(f"model={path}"), parse_set("lora.targets=qkv_proj,o_prj")], catalog)  # no table
+    load_spec(None, [parse_set(f"model={path}"), parse_set("lora.targets=q_proj,o_prj")], catalog)  # no table
     model = build_meta_model(config)
-    adapters = AdapterSettings(rank=4, alpha=8, dropout=0.0, targets=("qkv_proj", "o_prj"), dora=False,
+    adapters = AdapterSettings(rank=4, alpha=8, dropout=0.0, targets=("q_proj", "o_prj"), dora=False,
                                modules_to_save=())
-    with pytest.raises(TunecastError, match=r"'o_prj' matches no module of this model \(phi3\)") as error:
+    with pytest.raises(TunecastError, match=r"'o_prj' matches no module of this model \(olmo2\)") as error:
         apply_adapters(model, adapters)
     assert error.value.field == "lora.targets" and "Did you mean 'o_proj'?" in str(error.value.hint)

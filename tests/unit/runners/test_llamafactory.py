@@ -72,3 +72,111 @@ def test_not_a_mapping(tmp_path: Path) -> None:
     path.write_text("just text\n", encoding="utf-8")
     with pytest.raises(TunecastError, match="must hold a mapping"):
         llamafactory.read(path)
+
+
+V1 = DATA / "llamafactory" / "v1"  # LLaMA-Factory's own v1 examples (source line at the top of each)
+
+
+def test_v1_lora_sft_example() -> None:
+    imported = llamafactory.read(V1 / "train_lora_sft.yaml")
+    spec = checked(imported)
+    assert (spec.runner, spec.model, spec.method, spec.precision) == ("llamafactory", "Qwen/Qwen3-4B", "lora", "bf16")
+    assert (spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.targets) == (16, 32, 0.05, "all-linear")
+    assert (spec.micro_batch, spec.grad_accum, spec.seq_len, spec.max_steps) == (1, 1, 2048, 10)
+    assert "epochs" not in imported.config  # max_steps alone is the run, as v1's trainer counts it
+    assert (spec.optimizer, spec.schedule, spec.weight_decay, spec.grad_checkpointing) == \
+        ("adamw-foreach", "constant", 0.01, True)
+    assert (spec.gpus.strategy, spec.attention) == ("fsdp", "sdpa")
+    assert imported.mapped["peft_config.r"] == ("lora.rank",)
+    assert imported.lines["lora.rank"] == 8
+    assert "several datasets" in reason(imported, "train_dataset")
+    assert "NPU" in reason(imported, "kernel_config")
+
+
+def test_v1_qlora_example() -> None:
+    imported = llamafactory.read(V1 / "quantization.yaml")
+    spec = checked(imported)
+    assert (spec.model, spec.method, spec.precision, spec.lora.rank) == ("Qwen/Qwen3-0.6B", "qlora", "bf16", 16)
+    assert imported.mapped["quant_config.quantization_bit"] == ("method",)
+
+
+def test_v1_full_fsdp2_example() -> None:
+    imported = llamafactory.read(V1 / "train_full_fsdp2.yaml")
+    spec = checked(imported)
+    assert (spec.method, spec.precision, spec.gpus.strategy, spec.learning_rate) == ("full", "bf16-mixed", "fsdp", 1e-4)
+    assert "lora" not in imported.config
+    assert any("skips the FSDP2 wrap" in note for note in imported.notes)
+
+
+def test_v1_dpo_example_is_refused_for_its_preference_dataset() -> None:
+    with pytest.raises(TunecastError, match=r"`train_dataset` \(line 23\): dataset 'dpo_zh_demo' .*converter: pair"):
+        llamafactory.read(V1 / "train_lora_dpo.yaml")
+
+
+def test_v1_batch_precision_and_sharding(tmp_path: Path) -> None:
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\nmicro_batch_size: 2\nglobal_batch_size: 16\nbf16: false\n"
+                    "enable_activation_checkpointing: false\ndist_config:\n  name: fsdp2\n"
+                    "  reshard_after_forward: false\n  offload_params: true\n", encoding="utf-8")
+    imported = llamafactory.read(path)
+    spec = checked(imported)
+    assert (spec.micro_batch, spec.global_batch, spec.epochs, spec.grad_checkpointing) == (2, 16, 3.0, False)
+    assert "grad_accum" not in imported.config
+    assert (spec.method, spec.precision, spec.gpus.strategy, spec.gpus.offload) == ("full", "fp32", "zero2", "params")
+
+
+def test_v1_quantization_before_adapters_and_lora_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\nquant_config:\n  name: bnb\npeft_config:\n  name: lora\n"
+                    "  target_modules: q_proj\n", encoding="utf-8")
+    spec = checked(llamafactory.read(path))
+    assert (spec.method, spec.precision, spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.targets) == \
+        ("qlora", "bf16", 8, 16, 0.05, ["q_proj"])
+
+
+def test_v1_full_without_dist_config_is_fp32(tmp_path: Path) -> None:
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\nbf16: true\nnum_train_epochs: 2\n", encoding="utf-8")
+    imported = llamafactory.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.precision, spec.epochs) == ("full", "fp32", 2.0)
+    assert "without autocast" in reason(imported, "bf16")
+
+
+def test_v1_local_dataset_list(tmp_path: Path) -> None:
+    (tmp_path / "rows.json").write_text('[{"instruction": "a", "output": "b"}]', encoding="utf-8")
+    (tmp_path / "sft.yaml").write_text("mine:\n  path: rows.json\n  source: local\n  converter: alpaca\n",
+                                       encoding="utf-8")
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\npeft_config:\n  name: lora\ntrain_dataset: sft.yaml\n", encoding="utf-8")
+    spec = checked(llamafactory.read(path))
+    assert (spec.dataset.path, spec.dataset.format) == (str((tmp_path / "rows.json").resolve()), "alpaca")
+
+
+def test_v1_unknown_plugin_key_and_odd_values_are_listed(tmp_path: Path) -> None:
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\npeft_config:\n  name: lora\n  rank: 4\nflash_attn: [fa2]\n"
+                    "cp_size: 2\n", encoding="utf-8")
+    imported = llamafactory.read(path)
+    assert "misspelt" in reason(imported, "peft_config.rank")
+    assert "not one of v1's" in reason(imported, "flash_attn")
+    assert "splits each sequence over 2 GPUs" in reason(imported, "cp_size")
+    assert checked(imported).lora.rank == 8
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("model: m\nmodel_class: cls\n", "model_class 'cls' trains a reward model"),
+    ("model: m\npref_beta: 0.1\n", "pref_beta is a setting of DPO"),
+    ("model: m\npeft_config:\n  name: freeze\n", "peft_config 'freeze'"),
+    ("model: m\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n  quantization_bit: 8\n", "8-bit"),
+    ("model: m\nquant_config:\n  name: bnb\n", "4-bit weights need adapters"),
+    ("model: m\ndist_config:\n  name: megatron\n", "dist_config 'megatron'"),
+    ("model: m\npeft_config: lora\n", "must be a mapping with a `name`"),
+    ("model: m\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n  quantization_bit: four\n",
+     "'four' is not a number of bits"),
+])
+def test_v1_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TunecastError, match=match):
+        llamafactory.read(path)

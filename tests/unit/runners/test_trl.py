@@ -48,3 +48,42 @@ def test_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str) ->
     path.write_text(text, encoding="utf-8")
     with pytest.raises(TunecastError, match=match):
         trl.read(path)
+
+
+def test_fsdp_qlora_script_config_with_model_id() -> None:
+    """A config for philschmid's run_fsdp_qlora.py (source line at the top of the file): its model key is model_id."""
+    imported = trl.read(DATA / "trl" / "llama_3_70b_fsdp_qlora.yaml")
+    spec = checked(imported)
+    assert (spec.model, spec.method, spec.precision) == ("meta-llama/Meta-Llama-3-70b", "qlora", "bf16")
+    assert (spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.targets) == (16, 8, 0.05, "all-linear")
+    assert (spec.seq_len, spec.packing, spec.micro_batch, spec.grad_accum) == (512, True, 1, 2)
+    assert (spec.gpus.strategy, spec.gpus.offload, spec.optimizer) == ("fsdp", "params", "adamw-foreach")
+    assert imported.mapped["model_id"] == ("model",)
+    assert "max_seq_length's default, 512" in reason(imported, "max_seq_len")
+    assert "train_dataset.json" in reason(imported, "dataset_path")
+
+
+def test_model_id_script_dataset_and_trainer_defaults(tmp_path: Path) -> None:
+    (tmp_path / "train_dataset.json").write_text('{"messages": []}\n', encoding="utf-8")
+    path = tmp_path / "script.yaml"
+    path.write_text("model_id: Qwen/Qwen2.5-7B\ndataset_path: .\nmax_seq_length: 2048\n", encoding="utf-8")
+    spec = checked(trl.read(path))
+    assert (spec.method, spec.seq_len, spec.grad_checkpointing, spec.learning_rate) == ("qlora", 2048, False, 5e-5)
+    assert (spec.dataset.path, spec.dataset.format) == (str((tmp_path / "train_dataset.json").resolve()), "messages")
+
+
+def test_model_id_alone_names_the_model(tmp_path: Path) -> None:
+    path = tmp_path / "script.yaml"
+    path.write_text("model_id: Qwen/Qwen3-0.6B\n", encoding="utf-8")
+    imported = trl.read(path)
+    spec = checked(imported)
+    assert (spec.model, spec.method, spec.precision) == ("Qwen/Qwen3-0.6B", "full", "bf16-mixed")
+    assert any("model_id is a training script's own argument" in note for note in imported.notes)
+
+
+def test_model_id_beside_model_name_or_path_is_not_a_trl_key(tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-0.6B\nmodel_id: Qwen/Qwen2.5-7B\n", encoding="utf-8")
+    imported = trl.read(path)
+    assert checked(imported).model == "Qwen/Qwen3-0.6B"
+    assert "misspelt" in reason(imported, "model_id")
