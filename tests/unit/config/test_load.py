@@ -63,7 +63,7 @@ def test_missing_model_names_the_flag(catalog) -> None:
 
 def test_unknown_model_suggests_catalog_names_and_download(catalog) -> None:
     with pytest.raises(ConfigError) as error:
-        load_spec(None, [Override("model", "meta-llama/Llama-3.1-8b-instruct", "--model")], catalog)
+        load_spec(None, [Override("model", "meta-llama/Llama-3.1-8b-chat", "--model")], catalog)
     text = problems_of(error)["model"]
     assert "meta-llama/Llama-3.1-8B" in text and "--allow-download" in text
 
