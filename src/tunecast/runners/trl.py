@@ -28,7 +28,8 @@ def read(path: Path) -> Imported:
     m, data = mp.start("trl", LABEL, path)
     _check(m, data)
     script = _fsdp_qlora_script(data)
-    mp.run_handlers(m, data, _handlers(data, script), _QUIET)
+    handlers = _handlers(data, script)
+    mp.run_handlers(m, data, handlers, _QUIET)
     mp.steps_replace_epochs(m, "num_train_epochs")
     _precision(m, data, "bfloat16" if script else "float32")
     if script:
@@ -48,7 +49,7 @@ def read(path: Path) -> Imported:
         for key, value in _LORA_DEFAULTS.items():
             m.default(key, value)
         mp.peft_default_targets(m, str(m.get("model") or ""))
-    return m.finish(data, [*_handlers(data, script), *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
+    return m.finish(data, [*handlers, *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
 
 
 def _check(m: Mapper, data: dict[str, Any]) -> None:
