@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from tunecast.catalog.store import load_catalog
+from tunecast.config.runner import apply_runner
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import templates
 from tunecast.step.settings import TraceSettings
@@ -43,7 +44,11 @@ SETTINGS: dict[str, dict] = {
     "lora-mixed": {"method": "lora", "precision": "bf16-mixed"},
     "lora-eager": {"method": "lora", "attention": "eager"},
     "full": {"method": "full"},
+    "qlora": {"method": "qlora"},  # tunecast's own QLoRA step is its LoRA step; a runner's may differ (kbit-fp32)
 }
+# Runners whose step variants a template can hold (step/variants.py: none that chunks the loss). Their templates
+# differ from tunecast's own only where the runner's variants apply (in fp32 none do: those keys are tunecast's).
+TEMPLATED_RUNNERS = ("tunecast", "hf-trainer", "axolotl", "llamafactory")
 
 
 def _write(key: str, template: dict) -> None:
@@ -61,6 +66,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="catalog names (default: every catalog model a template serves)")
     parser.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), help="labels of SETTINGS (default: all)")
+    parser.add_argument("--runners", nargs="*", choices=TEMPLATED_RUNNERS,
+                        help="the runners whose steps are templated (default: all of TEMPLATED_RUNNERS)")
     args = parser.parse_args()
     catalog = load_catalog(None)
     names = args.models or catalog.models.names
@@ -72,9 +79,10 @@ def main() -> int:
             print(f"{name}: not in the catalog", file=sys.stderr)
             return 2
         data = text_config_data(model.data)
-        for label in args.settings or SETTINGS:
+        for label, runner in itertools.product(args.settings or SETTINGS, args.runners or TEMPLATED_RUNNERS):
             for checkpointing in (False, True):
-                spec = RunSpec.model_validate({"model": name, **SETTINGS[label]})
+                # as a config names it: the runner's defaults where the settings leave a key unset (load.py)
+                spec = apply_runner(RunSpec.model_validate({"model": name, "runner": runner, **SETTINGS[label]}))
                 settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
                 if not templates.applies(data, settings):
                     continue
@@ -89,7 +97,8 @@ def main() -> int:
         if key in kept:
             continue
         started = time.perf_counter()
-        what = (f"{name} {settings.method} dropout={settings.adapters.dropout} targets={settings.adapters.targets} "
+        what = (f"{name} {settings.method} runner_step={','.join(settings.runner_step) or '-'} "
+                f"dropout={settings.adapters.dropout} targets={settings.adapters.targets} "
                 f"precision={settings.precision} attention={settings.attention} "
                 f"checkpointing={settings.grad_checkpointing} multi={multi} above_window={above}")
         try:
@@ -103,7 +112,7 @@ def main() -> int:
         _write(key, built)
         print(f"{what}: {key} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     # Stale: what a build of every model in every setting no longer wants (a partial build removes none).
-    stale = kept - set(wanted) if not (args.models or args.settings) else set()
+    stale = kept - set(wanted) if not (args.models or args.settings or args.runners) else set()
     for key in stale:
         (OUT / f"{key}{SUFFIX}").unlink()
     print(f"{len(wanted)} templates for {len(names)} models; {len(stale)} stale removed", file=sys.stderr)

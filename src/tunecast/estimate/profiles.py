@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
 
 from tunecast.atomic import write_text_atomic
-from tunecast.estimate import progress
+from tunecast.estimate import progress, tracetime
 from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import StepProfile, fit_points, fit_profile, profile_from_trace
 from tunecast.paths import cache_file
@@ -165,7 +166,15 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
     points = fit_points(batch, offset)
     fit_key = profile_key(config_data, settings, batch, offset, None)
 
+    if not exact and _fit_failed(fit_key):  # traced here before: its shapes do not align, so trace the one asked
+        exact = True
     total = len(depths) * (1 if exact else len(points))
+    from tunecast.estimate.templates import why_traced
+
+    progress.notice(f"no step template serves this model and these settings ({why_traced(config_data, settings)}): "
+                      f"tracing the step {total} times at {' and '.join(map(str, depths))} layers, about "
+                      f"{tracetime.expected(depths, total)} s on this machine")
+    started = time.perf_counter()
 
     def say(done: int, depth: int, b: int, s: int) -> None:
         progress.progress(f"tracing the training step: {depth} layers at micro-batch {b} × {s} tokens "
@@ -186,11 +195,14 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
     fits = [None] * len(depths) if exact else [fitted(number, depth) for number, depth in enumerate(depths)]
     shape: tuple[int, int] | None = None
     if any(profile is None for profile in fits):  # operations differ between shapes: trace the one asked for
+        if not exact:
+            _remember_fit_failed(fit_key)
         shape = (batch, seq)
         total = len(depths)
         profiles = [at_shape(number, depth) for number, depth in enumerate(depths)]
     else:
         profiles = [profile for profile in fits if profile is not None]
+    tracetime.remember(time.perf_counter() - started, depths, total if shape is not None else len(depths) * len(points))
     key = fit_key if shape is None else profile_key(config_data, settings, batch, offset, shape)
     pair = ProfilePair(profiles[0], profiles[-1], full_depth, shape, origin=key)
     if os.environ.get("TUNECAST_NO_CACHE") != "1":
@@ -199,6 +211,21 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
                                             "layers": pair.layers, "exact_shape": shape}))
         _READ[path] = pair
     return pair
+
+
+def _nofit_path(fit_key: str) -> Path:
+    return cache_file("profiles", f"{fit_key}.nofit")
+
+
+def _fit_failed(fit_key: str) -> bool:
+    """Whether the fit of these settings was traced before and its shapes did not align (a chunked loss whose
+    chunks follow the length): trying again would cost the same traces for the same answer."""
+    return _nofit_path(fit_key).is_file()
+
+
+def _remember_fit_failed(fit_key: str) -> None:
+    if os.environ.get("TUNECAST_NO_CACHE") != "1":
+        write_text_atomic(_nofit_path(fit_key), "the traces at the fit's shapes did not align\n")
 
 
 # Profiles instantiated from templates in this process, by template (its cache file) and the values put in.

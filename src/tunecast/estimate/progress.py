@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-# (kind, message): kind is "progress" or "warning".
+# (kind, message): kind is "progress" (replaced by the next), "notice" (a line to keep: what a cold estimate is about
+# to trace and how long it expects that to take) or "warning".
 Listener = Callable[[str, str], None]
 _LISTENER: ContextVar[Listener | None] = ContextVar("tunecast_estimate_listener", default=None)
 
@@ -30,6 +31,12 @@ def progress(message: str) -> None:
     listener = _LISTENER.get()
     if listener is not None:
         listener("progress", message)
+
+
+def notice(message: str) -> None:
+    listener = _LISTENER.get()
+    if listener is not None:
+        listener("notice", message)
 
 
 def warning(message: str) -> None:

@@ -18,13 +18,14 @@ import functools
 import hashlib
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, overload
 
 from tunecast.atomic import write_text_atomic
-from tunecast.estimate import progress, symbols
+from tunecast.estimate import progress, symbols, tracetime
 from tunecast.estimate.memo import Memo, config_digest
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
 from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
@@ -149,6 +150,20 @@ def _applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
         return False
     chunking = settings.loss == "chunked" or any(v in CHUNKING_VARIANTS for v in settings.runner_step)
     return symbols.dense_dimensions(config) is not None and not chunking
+
+
+def why_traced(config_data: dict[str, Any], settings: TraceSettings) -> str:
+    """Why no template serves this model and these settings, in words an estimate announces before it traces."""
+    config = text_config_data(config_data)
+    if has_experts(config) and settings.precision != "bf16":
+        return "a mixture of experts outside bf16"
+    chunking = [v for v in settings.runner_step if v in CHUNKING_VARIANTS]
+    if settings.loss == "chunked" or chunking:
+        what = "the chunked loss" if settings.loss == "chunked" else f"the runner's {', '.join(chunking)} loss"
+        return f"{what} splits the logits into chunks whose number follows the length, which a template cannot hold"
+    if symbols.dense_dimensions(config) is None:
+        return f"no template reads the sizes of a {config.get('model_type') or 'model'} config yet"
+    return "this structure's template could not be read back exactly from its marker traces"
 
 
 def _read_trace(trace: Trace, reader: Any) -> dict[str, Any] | None:
@@ -476,7 +491,13 @@ def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bo
         missing = tracing_available()
         if missing is not None:
             raise TracingUnavailable(missing)
+        chosen = depths(config_data)
+        progress.notice(f"no shipped step template serves this model's structure in these settings: building it "
+                        f"from {len(chosen) + 1} traces at marker dimensions, about "
+                        f"{tracetime.expected((*chosen, chosen[0]), len(chosen) + 1)} s on this machine")
+        started = time.perf_counter()
         built = build_template(config_data, settings, multi, above)
+        tracetime.remember(time.perf_counter() - started, (*chosen, chosen[0]), len(chosen) + 1)
         found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
         if os.environ.get("TUNECAST_NO_CACHE") != "1":
             write_text_atomic(cache_path(key), json.dumps(found))

@@ -3,6 +3,7 @@ and a cold estimate says which trace it is on (issue 11)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from tests.models import tiny_llama
 
 from tunecast.config.spec import RunSpec
-from tunecast.estimate import profiles, templates, tracer
+from tunecast.estimate import profiles, templates, tracer, tracetime
 from tunecast.estimate.progress import listening
 from tunecast.step.settings import TraceSettings
 
@@ -61,7 +62,8 @@ def test_a_damaged_template_is_built_again_with_a_warning(own_cache: Path, monke
     with hearing, pytest.raises(templates.NoTemplate):
         templates.get_template(config, settings, True)
     assert built == [True]
-    assert [kind for kind, _ in lines] == ["warning"] and "damaged" in lines[0][1]
+    assert [kind for kind, _ in lines] == ["warning", "notice"] and "damaged" in lines[0][1]
+    assert lines[1][1].startswith("no shipped step template serves this model's structure")
     assert "failed" in path.read_text()  # rewritten whole
 
 
@@ -80,9 +82,38 @@ def test_an_interrupted_trace_leaves_no_cache_entry_and_said_what_it_traced(own_
     with hearing, pytest.raises(KeyboardInterrupt):
         profiles.trace_profiles(config, settings, 2, 64)
     assert not list(own_cache.rglob("*.json")), "an interrupted trace wrote a cache entry"
+    [announced] = [text for kind, text in lines if kind == "notice"]
     said = [text for kind, text in lines if kind == "progress"]
+    assert announced.startswith("no step template serves this model") and "10 times at 4 and 8 layers" in announced
     assert len(said) == 2 and said[0].endswith("(trace 1 of 10)") and said[1].endswith("(trace 2 of 10)")
     assert "4 layers" in said[0]
+
+
+def test_a_fit_whose_shapes_did_not_align_is_not_traced_again(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the fit's shapes failed to align for these settings (a loss in chunks that follow the length), the next
+    estimate at another shape traces that shape alone, and says how long it expects that to take."""
+    from tunecast.estimate import profile as profile_module
+
+    config, settings = tiny_llama(), TraceSettings.from_spec(SPEC)
+    monkeypatch.setattr(profiles, "fit_profile", lambda *_: None)  # as when the traces' operations differ
+    traced: list[tuple[int, int]] = []
+    real = tracer.trace_step
+    monkeypatch.setattr(tracer, "trace_step", lambda c, s, b, n, **k: traced.append((b, n)) or real(c, s, b, n, **k))
+    first = profiles.trace_profiles(config, settings, 2, 64)
+    fit_shapes = len(profile_module.fit_points(2)) * 2
+    assert first.exact_shape == (2, 64) and len(traced) == fit_shapes + 2
+    traced.clear()
+    rate = json.loads((own_cache / "profiles" / "seconds-per-layer.json").read_text())["seconds_per_layer"]
+    lines, hearing = _heard()
+    with hearing:
+        second = profiles.trace_profiles(config, settings, 2, 96)
+    assert second.exact_shape == (2, 96) and traced == [(2, 96), (2, 96)]
+    assert lines[0][0] == "notice"
+    announced = lines[0][1]
+    assert "tracing the step 2 times" in announced
+    assert rate != tracetime.DEFAULT_SECONDS_PER_LAYER, "the first estimate's traces were timed"
+    depths = (4, 8)
+    assert f"about {max(1, round(rate * 2 * sum(depths) / 2))} s on this machine" in announced
 
 
 def test_kept_replays_give_the_estimate_a_fresh_replay_gives(own_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

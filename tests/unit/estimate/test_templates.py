@@ -264,3 +264,31 @@ def test_a_target_list_of_every_linear_layer_is_all_linear(name: str, layers: li
         return [(e.kind, e.key, e.nbytes, e.category, e.phase, e.step) for e in trace.events] + [trace.facts]
 
     assert events(listed) == events(LORA)
+
+
+def _runner_settings(runner: str, method: str) -> TraceSettings:
+    """The settings a config naming `runner` traces, the runner's defaults applied as loading a config does."""
+    from tunecast.config.runner import apply_runner
+    from tunecast.config.spec import RunSpec
+
+    spec = apply_runner(RunSpec.model_validate({"model": "x", "runner": runner, "method": method,
+                                                "lora": {"dropout": 0.05}}))
+    return TraceSettings.from_spec(spec)
+
+
+@pytest.mark.parametrize("runner, method, name, batch, seq", [
+    # the Trainer's step (autocast, the fp32 copy of the logits) and, for QLoRA, peft's fp32 casts (kbit-fp32)
+    ("hf-trainer", "qlora", "Qwen/Qwen2.5-0.5B", 2, 64),     # tied embeddings: the fp32 cast of a shared weight
+    ("hf-trainer", "lora", "meta-llama/Llama-2-7b-hf", 1, 48),
+    ("axolotl", "lora", "google/gemma-2-2b", 2, 40),        # soft-capped logits copied to fp32
+    ("axolotl", "full", "Qwen/Qwen3-0.6B", 1, 64),
+    ("llamafactory", "full", "mistralai/Mistral-7B-v0.1", 2, 40),  # full: fp32 weights under autocast (its default)
+    ("llamafactory", "qlora", "Qwen/Qwen3-0.6B", 2, 48),
+])
+def test_a_runner_s_template_equals_a_trace_of_that_runner_s_step(runner: str, method: str, name: str, batch: int,
+                                                                  seq: int) -> None:
+    """Runners whose step differs from tunecast's by casts and copies (step/variants.py, no chunked loss) are
+    served from templates of their own step, which reproduce a direct trace of it byte for byte."""
+    settings = _runner_settings(runner, method)
+    assert settings.runner_step, "the runner's step is tunecast's own: this would test nothing new"
+    assert_exact(config(name, layers=4), settings, batch, seq)
