@@ -81,7 +81,7 @@ def run(case: list[str], source: Path) -> tuple[int, bytes, float]:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as catalog:
         # TUNECAST_WARM=0: revisions that had a background server must not start one
         env = {**os.environ, "PYTHONPATH": str(source), "TUNECAST_CACHE": cache, "TUNECAST_CATALOG": catalog,
-               "TUNECAST_WARM": "0"}
+               "TUNECAST_WARM": "0", "HF_HUB_OFFLINE": "1"}  # the same answers whether or not the Hub is reachable
         start = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "tunecast", *case], cwd=ROOT, env=env, capture_output=True,
                               check=False, timeout=1800)

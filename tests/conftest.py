@@ -27,6 +27,10 @@ _SUITE_HOME = Path(tempfile.mkdtemp(prefix="tunecast-suite-"))
 atexit.register(shutil.rmtree, _SUITE_HOME, ignore_errors=True)
 os.environ["TUNECAST_CATALOG"] = str(_SUITE_HOME / "catalog")
 os.environ["TUNECAST_CACHE"] = str(_SUITE_HOME / "cache")
+# The suite never asks the Hugging Face Hub, in this process or in those it starts: a model outside the catalog is
+# refused at once, offline, rather than after a fetch that waits on the network. The tests of fetching serve a
+# stand-in Hub on loopback and turn offline mode off for themselves (tests/hub.py).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +38,8 @@ def isolated_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("TUNECAST_CATALOG", str(home / "catalog"))
     monkeypatch.setenv("TUNECAST_CACHE", str(home / "cache"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
     monkeypatch.delenv("TUNECAST_DEBUG", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     load_catalog.cache_clear()

@@ -1,32 +1,34 @@
 """From what the user typed after `--model` to a model config.
 
 Order, as transformers' `from_pretrained` does: an existing local path first (a model directory holding
-config.json, or a config JSON file of any name), then the catalog, then configs fetched earlier with
-`--allow-download`, then — only when the user allows it — the Hugging Face Hub.
+config.json, or a config JSON file of any name), then the catalog, then configs fetched from the Hub earlier,
+then the Hugging Face Hub itself for a name written as a Hub id (`org/name`): its config.json only, within a few
+seconds, unless offline mode is on (`--offline`, HF_HUB_OFFLINE; catalog/hub.py). A name that reads as a local path
+(`./x`, `models/x` beside a `models` folder, `x.json`) is never sent to the Hub.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import shutil
 from datetime import date
 from pathlib import Path
 
+from tunecast.atomic import write_text_atomic
+from tunecast.catalog.hub import HubAccess, endpoint, fetch_config, is_hub_id, offline_reason
 from tunecast.catalog.models import ModelConfig, file_name_for, read_config_file
 from tunecast.catalog.store import Catalog
 from tunecast.errors import TunecastError, did_you_mean, suggestion_text
 from tunecast.paths import cache_dir
 
 DOWNLOADS_DIR = "downloaded-configs"
-# How to go on without the Hub, as `--model` accepts it.
-_LOCAL = "point --model at a local model directory holding config.json, or at a config JSON file"
 
 
-def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
-                  allow_download: bool = False, field: str = "model") -> ModelConfig:
-    """The config of the model `name`; a user error with close matches when it cannot be found."""
+def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None, hub: HubAccess | None = None,
+                  field: str = "model") -> ModelConfig:
+    """The config of the model `name`; a user error with close matches when it cannot be found. `hub`: whether a
+    Hub id outside the catalog may be fetched, and who hears it (default: it may, unless HF_HUB_OFFLINE says no;
+    nobody hears)."""
+    hub = hub or HubAccess()
     path = _as_local_path(name, base_dir)
     if path is not None:
         return _local(path, field)
@@ -40,13 +42,28 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None,
         fetched_before = False
     if fetched_before:
         return _downloaded(name, cached, field)
-    if allow_download and _looks_like_repo_id(name):
-        return _downloaded(name, download_config(name, field=field), field)
     local = _meant_as_path(name, base_dir)
     if local is not None:
         raise _missing_path(name, local, field)
-    raise TunecastError(f"unknown model {name!r}: not a local path and not in the catalog", field=field,
-                        hint=_unknown_hint(name, catalog, base_dir))
+    if not is_hub_id(name):
+        raise TunecastError(f"unknown model {name!r}: not a local path and not in the catalog", field=field,
+                            hint=_unknown_hint(name, catalog, base_dir))
+    instead = _instead(name, catalog)
+    offline = offline_reason(hub.offline)
+    if offline is not None:
+        turn_on = "without --offline" if offline == "--offline" else f"with {offline.split('=')[0]} unset"
+        raise TunecastError(f"unknown model {name!r}: not a local path nor in the catalog, and offline mode ({offline})"
+                            " kept tunecast from fetching its config.json from the Hugging Face Hub", field=field,
+                            hint=f"{instead}; or, where the Hub can be reached, run {turn_on} to fetch it")
+    text = fetch_config(name, field=field, instead=instead, progress=hub.progress)
+    return _downloaded(name, _keep(name, text, field), field)
+
+
+def _instead(name: str, catalog: Catalog) -> str:
+    """What to give in place of a Hub id the Hub did not give: a local config, or a catalog name (the close ones)."""
+    close = catalog.models.suggestion(name)
+    return ("give a local model directory holding config.json, a config JSON file, or a catalog name "
+            + (f"({close})" if close else "(`tunecast models` lists them)"))
 
 
 def _unknown_hint(name: str, catalog: Catalog, base_dir: Path | None) -> str:
@@ -57,8 +74,8 @@ def _unknown_hint(name: str, catalog: Catalog, base_dir: Path | None) -> str:
     nearby = did_you_mean(name, _model_folders(base_dir or Path.cwd()), n=1)
     if nearby:
         parts.append(f"Did you mean the model folder {nearby[0]!r}?")
-    if _looks_like_repo_id(name):
-        parts.append("pass --allow-download to fetch its config.json from the Hugging Face Hub")
+    if "/" in name:
+        parts.append("a Hugging Face model id is org/name in ASCII letters, digits, '-', '_' and '.'")
     parts.append(f"{'or ' if parts else ''}give a model directory or a config JSON file; `tunecast models` lists the "
                  "catalog")
     return "; ".join(parts)
@@ -103,11 +120,6 @@ def _missing_path(name: str, path: Path, field: str) -> TunecastError:
                          "taken relative to the file's folder, on the command line to the current directory")
 
 
-def _looks_like_repo_id(name: str) -> bool:
-    parts = name.split("/")
-    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and not name.endswith(".json")
-
-
 def _as_local_path(name: str, base_dir: Path | None) -> Path | None:
     try:
         candidate = Path(name).expanduser()
@@ -142,106 +154,16 @@ def _downloaded(name: str, path: Path, field: str) -> ModelConfig:
                        data=read_config_file(path, field_name=field), source=source)
 
 
-def download_config(repo_id: str, *, field: str = "model") -> Path:
-    """Fetch `repo_id`'s config.json through huggingface_hub (honouring HF_ENDPOINT and HF_TOKEN) and keep
-    a copy in tunecast's cache, so later commands find it without the network.
-
-    What the Hub said and what kept it from being asked are different user errors: a 404 is "not found", a
-    refused connection, a timeout or offline mode is "could not reach the Hub" (huggingface_hub reports those
-    as LocalEntryNotFoundError, a subclass of EntryNotFoundError, so it is caught first)."""
-    from huggingface_hub import hf_hub_download
-
-    # huggingface_hub.utils exports these in every version tunecast accepts; .errors lacks most in 0.24.
-    from huggingface_hub.utils import (
-        DisabledRepoError,
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
-    try:
-        fetched = hf_hub_download(repo_id, "config.json", cache_dir=cache_dir() / "hf", endpoint=endpoint,
-                                  token=os.environ.get("HF_TOKEN") or None)
-    except HFValidationError:
-        raise TunecastError(f"{repo_id!r} is not a Hugging Face model id", field=field,
-                            hint=f"an id is org/name in letters, digits, '-', '_' and '.'; or {_LOCAL}") from None
-    except GatedRepoError:
-        raise TunecastError(
-            f"{repo_id} is gated: the Hub refused its config.json without access", field=field,
-            hint=f"accept the model's licence on {endpoint}/{repo_id} and set HF_TOKEN to a token of that account",
-        ) from None
-    except RepositoryNotFoundError:
-        raise TunecastError(
-            f"{repo_id} was not found on {endpoint} (or it is private and HF_TOKEN does not grant access)",
-            field=field, hint="check the model id's spelling and case; set HF_TOKEN for a private model",
-        ) from None
-    except DisabledRepoError:
-        raise TunecastError(f"{repo_id} is disabled on {endpoint}: its files cannot be fetched", field=field,
-                            hint=_LOCAL) from None
-    except LocalEntryNotFoundError as error:
-        raise _unreachable(repo_id, endpoint, error.__cause__, field) from None
-    except EntryNotFoundError:
-        raise TunecastError(f"config.json was not found in {repo_id} on {endpoint}", field=field,
-                            hint=f"the repository holds no transformers config; {_LOCAL}") from None
-    except HfHubHTTPError as error:
-        raise TunecastError(f"the Hub at {endpoint} refused {repo_id}'s config.json: {_first_line(error)}",
-                            field=field, hint=f"check HF_TOKEN and HF_ENDPOINT, or {_LOCAL}") from None
-    except _connection_errors() as error:
-        raise _unreachable(repo_id, endpoint, error, field) from None
-    except OSError as error:
-        raise TunecastError(f"could not fetch {repo_id}'s config.json from {endpoint}: {_first_line(error)}",
-                            field=field, hint=f"check the network and the cache directory, or {_LOCAL}") from None
+def _keep(repo_id: str, text: str, field: str) -> Path:
+    """The fetched config in tunecast's cache, with where and when it came from, so that later commands find it
+    without the network (the config last: its presence is what "fetched before" means)."""
     target = _downloaded_path(repo_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(fetched, target)
-    target.with_suffix(".source.json").write_text(json.dumps({
-        "source": f"{endpoint}/{repo_id}/resolve/main/config.json",
-        "as_of": date.today().isoformat(),
-    }))
+    try:
+        write_text_atomic(target.with_suffix(".source.json"), json.dumps({
+            "source": f"{endpoint()}/{repo_id}/resolve/main/config.json", "as_of": date.today().isoformat()}))
+        write_text_atomic(target, text)
+    except OSError as error:
+        raise TunecastError(f"cannot keep {repo_id}'s fetched config.json in {target.parent}: "
+                            f"{error.strerror or error}", field=field,
+                            hint="set TUNECAST_CACHE to a folder you can write") from None
     return target
-
-
-def _unreachable(repo_id: str, endpoint: str, cause: BaseException | None, field: str) -> TunecastError:
-    """The Hub was not asked, or did not answer: offline mode, no connection, a timeout, a proxy, the Hub
-    down, or an HF_ENDPOINT that is not a Hub. `cause` is what huggingface_hub met, when it says."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import FileMetadataError, HfHubHTTPError, OfflineModeIsEnabled
-
-    if isinstance(cause, OfflineModeIsEnabled) or (cause is None and constants.HF_HUB_OFFLINE):
-        return TunecastError(f"did not contact the Hugging Face Hub for {repo_id}'s config.json: HF_HUB_OFFLINE is set",
-                             field=field, hint=f"unset HF_HUB_OFFLINE to let --allow-download fetch it, or {_LOCAL}")
-    if isinstance(cause, HfHubHTTPError):
-        return TunecastError(f"the Hugging Face Hub at {endpoint} did not serve {repo_id}'s config.json: it answered "
-                             f"HTTP {cause.response.status_code}", field=field,
-                             hint=f"the Hub may be down or busy: try again later, or {_LOCAL}")
-    message = f"could not reach the Hugging Face Hub at {endpoint} to fetch {repo_id}'s config.json"
-    if isinstance(cause, FileMetadataError):
-        return TunecastError(f"{message}: {endpoint} does not answer as a Hub does", field=field,
-                             hint=f"check HF_ENDPOINT and the proxy settings, or {_LOCAL}")
-    reason = f": {_first_line(cause)}" if cause is not None else ""
-    return TunecastError(f"{message}{reason}", field=field,
-                         hint=f"check the network connection (and HF_ENDPOINT or the proxy, if set), or {_LOCAL}")
-
-
-def _connection_errors() -> tuple[type[BaseException], ...]:
-    """What huggingface_hub's HTTP client raises when it cannot connect at all and huggingface_hub passes it
-    on (a refusing proxy; a connection lost mid-download): httpx2 or httpx from huggingface_hub 1.0, requests
-    before; whichever is installed."""
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module, names in (("httpx2", ("TransportError",)), ("httpx", ("TransportError",)),
-                          ("requests", ("ConnectionError", "Timeout"))):
-        try:
-            client = importlib.import_module(module)
-        except ImportError:
-            continue
-        errors.extend(getattr(client, name) for name in names)
-    return tuple(errors)
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

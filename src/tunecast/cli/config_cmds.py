@@ -10,12 +10,13 @@ from rich.markup import escape
 
 from tunecast.atomic import write_text_atomic
 from tunecast.cli.app import state
-from tunecast.cli.render import err, out, print_json, print_problems
+from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import TunecastError
 from tunecast.units import format_params
 
 if TYPE_CHECKING:
+    from tunecast.catalog.hub import HubAccess
     from tunecast.config.load import LoadedSpec
     from tunecast.config.spec import RunSpec
 
@@ -33,8 +34,15 @@ def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) 
             raise TunecastError(f"both a config file ({config}) and --from were given", field="--from",
                                 hint="give one: the tunecast config, or --from TOOL FILE")
         imported = read_config(*spec_args.source)
-    return load_spec(config, spec_args.overrides, state(ctx).catalog(), allow_download=spec_args.allow_download,
+    return load_spec(config, spec_args.overrides, state(ctx).catalog(), hub=hub_access(spec_args.offline),
                      imported=imported)
+
+
+def hub_access(offline: bool) -> HubAccess:
+    """What a command lets the Hub do: nothing with `--offline`; else fetch a config.json, said on stderr first."""
+    from tunecast.catalog.hub import HubAccess
+
+    return HubAccess(offline, progress=lambda text: estimate_line("progress", text))
 
 
 def print_imported(loaded: LoadedSpec) -> None:

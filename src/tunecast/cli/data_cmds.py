@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
+from tunecast.cli.config_cmds import hub_access
 from tunecast.cli.render import err, out, print_json
 from tunecast.errors import TunecastError
 
@@ -60,7 +61,8 @@ def data_command(
     validate_data_options(layout=options["layout"], seq_len=options["seq_len"], micro_batch=options["micro_batch"],
                           train_on=options["train_on"])
     if counter is None:
-        counter = choose_counter(model=model, tokenizer=tokenizer, catalog=catalog, base_dir=Path.cwd())
+        counter = choose_counter(model=model, tokenizer=tokenizer, catalog=catalog, base_dir=Path.cwd(),
+                                 hub=hub_access(offline=False))
     if not counter.exact:
         err.print(f"[yellow]No tokenizer on disk: counting with an {escape(counter.description)}.[/]\n"
                   "[dim]  Pass --tokenizer DIR|tokenizer.json, or --model a local model folder, for exact counts.[/]")
@@ -85,7 +87,7 @@ def _from_config(config: Path, catalog: Catalog, *, model: str | None, tokenizer
     from tunecast.config.load import load_spec
     from tunecast.data.counters import spec_counter
 
-    loaded = load_spec(config, [], catalog)
+    loaded = load_spec(config, [], catalog, hub=hub_access(offline=False))
     spec = loaded.spec
     if spec.dataset.path is None:
         raise TunecastError(f"{config} has no dataset.path: nothing to read", field="dataset.path",

@@ -167,7 +167,7 @@ def _tool_spec(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, too
     from tunecast.config.load import Override
 
     with_runner = SpecArgs([Override("runner", tool, f"export {tool}"), *spec_args.overrides],
-                           spec_args.allow_download, spec_args.source)
+                           spec_args.offline, spec_args.source)
     spec, chosen_by = _planned_spec(ctx, load_from_cli(ctx, config, with_runner))
     if spec.dataset.path is not None and spec.dataset.format == "auto":  # the tools name the layout
         from tunecast.data.formats import detect_format

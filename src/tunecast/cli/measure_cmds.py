@@ -112,7 +112,7 @@ def calibrate_command(
         from tunecast.train.run import output_url
 
         budget = minutes * 60 if minutes is not None else seconds
-        request = CalibrationRequest(steps=steps, seconds=budget, allow_download=spec_args.allow_download)
+        request = CalibrationRequest(steps=steps, seconds=budget, offline=spec_args.offline)
         status = err.status("Probing the device…")
 
         def progress(what: str) -> None:

@@ -173,7 +173,7 @@ def breakeven_command(
                                rent_gpu=rent_gpu, hours_per_month=hours_per_month, power_w=power_w,
                                usd_per_kwh=usd_per_kwh, resale_usd=resale_usd)
     loader = None if run is None else (
-        lambda overrides: load_from_cli(ctx, run, SpecArgs(overrides, allow_download=False)))
+        lambda overrides: load_from_cli(ctx, run, SpecArgs(overrides)))
     answer = answer_break_even(state(ctx).catalog(), options, run=loader, today=today())
     if json_output:
         print_json(answer.as_dict())

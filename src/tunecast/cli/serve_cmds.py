@@ -68,6 +68,9 @@ def serve_command(
                                                   "request may run before it is stopped and answered 503. Default: "
                                                   "ten minutes (a cold trace of a large model's settings on a laptop "
                                                   "CPU takes minutes).")] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Never contact the Hugging Face Hub: a model outside the "
+                                          "catalog is refused rather than its config.json fetched. HF_HUB_OFFLINE=1 "
+                                          "does the same.")] = False,
 ) -> None:
     """The web planner: pick a model (or drop its config.json), method, lengths, dataset, GPUs and prices, and see
     the ranked runs, memory per GPU, cost against time and rent against buy update as you go. The page talks to a
@@ -88,7 +91,7 @@ def serve_command(
     url = f"http://{shown}:{bound}/"
     allowed = [host.strip("[]").lower(), "localhost", "127.0.0.1", "::1"] if loopback else None
     app = create_app(state(ctx).catalog_dir, allowed_hosts=allowed,
-                     timeout_s=timeout if timeout is not None else REQUEST_SECONDS)
+                     timeout_s=timeout if timeout is not None else REQUEST_SECONDS, offline=offline)
     err.print(f"tunecast serve: the planner is at {url} (API spec: {url}openapi.json); Ctrl-C stops it")
     # past CONNECTIONS at once, uvicorn answers 503 at once rather than queue more (a page holds a handful)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,

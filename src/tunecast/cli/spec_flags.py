@@ -1,8 +1,8 @@
 """The run-setting flags shared by every command that takes a RunSpec.
 
 Each flag maps to one RunSpec key; its help text is that field's own docstring, so flags, config keys
-and `tunecast init` comments never disagree. `@spec_command` adds all of them (plus `--set` and
-`--allow-download`) to a command and hands it the collected overrides; the command is registered with
+and `tunecast init` comments never disagree. `@spec_command` adds all of them (plus `--set`, `--from` and
+`--offline`) to a command and hands it the collected overrides; the command is registered with
 `cls=SpecCommand`, which reads those docstrings when its help is shown. Building RunSpec (a pydantic model) is
 left to the commands that load a run: listing the commands (`tunecast --help`) builds none of it.
 """
@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand
+
+from tunecast.catalog.hub import TIMEOUT_S as HUB_TIMEOUT_S
 
 if TYPE_CHECKING:
     from typer._click import Context, HelpFormatter
@@ -106,7 +108,7 @@ class SpecArgs:
     """What the user typed for the run settings: overrides in the order they apply."""
 
     overrides: list[Override]
-    allow_download: bool
+    offline: bool = False  # `--offline`: never ask the Hugging Face Hub (a model's config.json, a run's weights)
     source: tuple[str, Path] | None = None  # `--from TOOL FILE`: another tool's config instead of a tunecast one
 
 
@@ -140,11 +142,20 @@ def spec_command(function: Callable[..., Any] | None = None, *,
                  "not carried over is listed with the reason.")],
     ))
     extra.append(inspect.Parameter(
+        "offline", inspect.Parameter.KEYWORD_ONLY, default=False,
+        annotation=Annotated[bool, typer.Option(
+            "--offline", rich_help_panel=PANEL,
+            help="Never contact the Hugging Face Hub. Without it, a model that is neither a local path nor in the "
+                 "catalog has its config.json (only that) fetched from the Hub (honouring HF_ENDPOINT and "
+                 f"HF_TOKEN), within {HUB_TIMEOUT_S:g} s, and `train` downloads the weights it lacks. "
+                 "HF_HUB_OFFLINE=1 does the same.")],
+    ))
+    # Kept so that scripts and exported SkyPilot tasks written before fetching became the default still run.
+    extra.append(inspect.Parameter(
         "allow_download", inspect.Parameter.KEYWORD_ONLY, default=False,
         annotation=Annotated[bool, typer.Option(
             "--allow-download", rich_help_panel=PANEL,
-            help="Fetch the config.json of a model outside the catalog from the Hugging Face Hub "
-                 "(honours HF_TOKEN and HF_ENDPOINT). Off by default: nothing is downloaded unless asked.")],
+            help="Deprecated, does nothing: the Hub is asked by default now (see --offline).")],
     ))
 
     @functools.wraps(function)
@@ -157,7 +168,8 @@ def spec_command(function: Callable[..., Any] | None = None, *,
             if value is not None:
                 overrides.append(Override(flag.key, value, flag.names[0].split("/")[0]))
         overrides.extend(parse_set(text) for text in kwargs.pop("set_values") or [])
-        spec_args = SpecArgs(overrides, kwargs.pop("allow_download"), kwargs.pop("source"))
+        kwargs.pop("allow_download")
+        spec_args = SpecArgs(overrides, kwargs.pop("offline"), kwargs.pop("source"))
         return function(*args, spec_args=spec_args, **kwargs)
 
     parameters = own + extra

@@ -225,7 +225,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
-                             spec_args.allow_download, spec_args.source)
+                             spec_args.offline, spec_args.source)
     from tunecast.train.world import world_from_env
 
     loaded = load_from_cli(ctx, config, spec_args)
@@ -270,7 +270,7 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         from tunecast.report.run import ReportView
         from tunecast.train.run import TrainRequest, run_training
 
-        request = TrainRequest(fresh=fresh, allow_download=spec_args.allow_download,
+        request = TrainRequest(fresh=fresh, offline=spec_args.offline,
                                check_memory=not no_memory_check, started=started, view=ReportView() if report else None)
         with listening(estimate_line):  # the memory check before training may trace on first use
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.hub import HubAccess
 from tunecast.catalog.models import ModelConfig
 from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
@@ -80,9 +81,10 @@ def overrides_from(values: Mapping[str, Any]) -> list[Override]:
 
 
 def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
-              allow_download: bool = False, imported: Imported | None = None) -> LoadedSpec:
+              hub: HubAccess | None = None, imported: Imported | None = None) -> LoadedSpec:
     """Read `path` (optional) or the config `imported` from another tool, apply `overrides`, validate, resolve the
-    model and GPU.
+    model and GPU. `hub`: whether a model outside the catalog may have its config.json fetched from the Hugging Face
+    Hub, and who hears it is (default: it may, unless HF_HUB_OFFLINE is set; nobody hears).
 
     Raises ConfigError listing every problem found, each naming the key as the user wrote it and
     where the value came from (line number or flag).
@@ -99,17 +101,17 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
         raw, lines = copy.deepcopy(imported.config), dict(imported.lines)
         base_dir = imported.source.parent.resolve()
     return _load(raw, lines, problems, overrides, catalog, source=source, base_dir=base_dir,
-                 allow_download=allow_download, imported=imported)
+                 hub=hub, imported=imported)
 
 
 def load_spec_text(yaml_text: str, overrides: list[Override], catalog: Catalog, *, source: str = "config",
-                   allow_download: bool = False) -> LoadedSpec:
+                   hub: HubAccess | None = None) -> LoadedSpec:
     """`load_spec` of a config given as YAML text (the web planner's requests): the same checks and messages, each
     problem located by its line in the text or by its override. Empty text is no config, as a command line without
     a file; relative paths in it are relative to the current directory."""
     raw, lines, problems = _parse(yaml_text) if yaml_text.strip() else ({}, {}, [])
     return _load(raw, lines, problems, overrides, catalog, source=source if yaml_text.strip() else "overrides",
-                 base_dir=None, allow_download=allow_download, imported=None)
+                 base_dir=None, hub=hub, imported=None)
 
 
 def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]:
@@ -125,7 +127,7 @@ def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]
 
 
 def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], overrides: list[Override],
-          catalog: Catalog, *, source: str, base_dir: Path | None, allow_download: bool,
+          catalog: Catalog, *, source: str, base_dir: Path | None, hub: HubAccess | None,
           imported: Imported | None) -> LoadedSpec:
     origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
     for override in overrides:
@@ -152,7 +154,7 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
         if spec.model != _MISSING_MODEL:
             model_dir = base_dir if origins.get("model", "").startswith("line") else None
             try:
-                model = resolve_model(spec.model, catalog, base_dir=model_dir, allow_download=allow_download)
+                model = resolve_model(spec.model, catalog, base_dir=model_dir, hub=hub)
             except TunecastError as error:
                 problems.append(Problem("model", error.message, error.hint, location=locate("model")))
             else:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 
+from tunecast.catalog.hub import HubAccess
 from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.rows import CatalogRow, parse_rows
 from tunecast.catalog.store import Catalog, bundled_data_dir
@@ -58,7 +59,8 @@ def estimate_for(model_type: str | None, vocab_size: int | None = None) -> Estim
     return EstimateCounter(row.chars_per_token, basis)
 
 
-def choose_counter(*, model: str | None, tokenizer: str | None, catalog: Catalog, base_dir: Path) -> TokenCounter:
+def choose_counter(*, model: str | None, tokenizer: str | None, catalog: Catalog, base_dir: Path,
+                   hub: HubAccess | None = None) -> TokenCounter:
     if tokenizer is not None:
         return load_tokenizer(tokenizer)
     if model is None:
@@ -66,7 +68,7 @@ def choose_counter(*, model: str | None, tokenizer: str | None, catalog: Catalog
     folder = Path(model).expanduser()
     if folder.is_dir() and any((folder / name).exists() for name in TOKENIZER_FILES):
         return load_tokenizer(str(folder))
-    resolved = resolve_model(model, catalog, base_dir=base_dir, field="--model")
+    resolved = resolve_model(model, catalog, base_dir=base_dir, hub=hub, field="--model")
     cached = cached_tokenizer(resolved.name) if resolved.origin == "catalog" else None
     return cached if cached is not None else estimate_for(resolved.model_type, resolved.vocab_size)
 

@@ -129,7 +129,7 @@ def task(spec: RunSpec, model: Any, target: Target, *, strategy: str, bucket: st
         'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
         "torchrun --nnodes=$SKYPILOT_NUM_NODES --node_rank=$SKYPILOT_NODE_RANK "
         "--nproc_per_node=$SKYPILOT_NUM_GPUS_PER_NODE --master_addr=$MASTER_ADDR "
-        f"--master_port={MASTER_PORT} -m tunecast train {CONFIG_AT} --allow-download "
+        f"--master_port={MASTER_PORT} -m tunecast train {CONFIG_AT} "
         f'--set "output={STORE}/runs/$SKYPILOT_TASK_ID"',
         "status=$?",
         f'if [ -f "$TUNECAST_EXIT_FILE" ]; then exit {EXIT_PREEMPTED}; fi  # a worker stopped to be resumed',

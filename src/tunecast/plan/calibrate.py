@@ -78,7 +78,7 @@ class CalibrationRequest:
     steps: int | None = None  # measured steps at most
     seconds: float | None = None  # time budget of the measured steps
     target: float = TARGET_RELATIVE_CI
-    allow_download: bool = False
+    offline: bool = False  # `--offline`: the base's weights only from disk or the local cache
 
 
 @dataclass
@@ -187,7 +187,7 @@ def _measure(loaded: LoadedSpec, request: CalibrationRequest, flag: Any, reporte
         result = TrainResult(output=str(scratch), finished=False)
         with locked(storage) as lock:
             session = build_session(measuring, catalog,
-                                    TrainRequest(allow_download=request.allow_download, measuring=True,
+                                    TrainRequest(offline=request.offline, measuring=True,
                                                  data_limit=limit),
                                     flag, Collector(), storage=storage, store=CheckpointStore(storage), lock=lock,
                                     found=None, resolved_then=None, result=result)

@@ -100,15 +100,16 @@ def _schema_problems(error: RequestValidationError) -> list[Problem]:
 
 def create_app(catalog_dir: Path | None = None, *, catalog: Catalog | None = None,
                allowed_hosts: list[str] | None = None, threads: int = 4,
-               timeout_s: float | None = REQUEST_SECONDS) -> FastAPI:
+               timeout_s: float | None = REQUEST_SECONDS, offline: bool = False) -> FastAPI:
     """The application: the catalog of `catalog_dir` (default: the user catalog, as the CLI's `--catalog`), or
     `catalog` itself, loaded once. With `allowed_hosts`, requests naming another host are refused (a server on
     loopback answers no page that a DNS-rebinding site points at it). `timeout_s`: the longest one request may run
-    (None: no limit)."""
+    (None: no limit). `offline`: a model outside the catalog is never fetched from the Hugging Face Hub (HF_HUB_OFFLINE
+    does the same); else its config.json is, as on the command line."""
     directory = (catalog_dir if catalog_dir is not None else default_user_catalog_dir()).expanduser().resolve()
     if catalog is None:
         catalog = load_catalog(directory)
-    service = Service(catalog, directory)
+    service = Service(catalog, directory, offline=offline)
     worker = Worker(threads, timeout_s=timeout_s)
 
     @asynccontextmanager

@@ -27,9 +27,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from tunecast.catalog.hub import HubAccess
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec, Override, imported_part, load_spec_text, merged_document, overrides_from
 from tunecast.errors import TunecastError
+from tunecast.estimate.progress import progress
 from tunecast.plan.planner import Estimates
 from tunecast.serve.jobs import Job, encoded
 from tunecast.version import __version__, stamped
@@ -92,9 +94,12 @@ class Service:
     """The answers of one server: its catalog (and the user catalog directory a dropped model is added to), what it
     keeps between requests, and the lock estimates run under."""
 
-    def __init__(self, catalog: Catalog, catalog_dir: Path | None = None) -> None:
+    def __init__(self, catalog: Catalog, catalog_dir: Path | None = None, *, offline: bool = False) -> None:
         self.catalog = catalog
         self.catalog_dir = catalog_dir
+        # a model outside the catalog has its config.json fetched as on the command line (unless `serve --offline` or
+        # HF_HUB_OFFLINE), said as the request's progress: the request's job hears what an estimate says
+        self.hub = HubAccess(offline, progress=progress)
         self.answers: Lru[str, Answer] = Lru(ANSWERS_KEPT)
         self._estimates: Lru[str, Estimates] = Lru(MODELS_KEPT)
         self._estimating = threading.Lock()
@@ -106,7 +111,7 @@ class Service:
     def load(self, run: RunRequest, extra: list[Override] | None = None) -> LoadedSpec:
         """The run as `tunecast plan FILE --set …` reads it: validated, names resolved; a ConfigError listing every
         problem otherwise, each located by line or by `overrides.KEY`."""
-        return load_spec_text(run.config, overrides_from(run.overrides) + (extra or []), self.catalog)
+        return load_spec_text(run.config, overrides_from(run.overrides) + (extra or []), self.catalog, hub=self.hub)
 
     def _key(self, kind: str, loaded: LoadedSpec, options: Any) -> str:
         """Everything `kind`'s answer for `loaded` depends on but the catalog (fixed for the server's life)."""

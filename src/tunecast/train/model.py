@@ -1,7 +1,8 @@
 """The model and tokenizer a run trains: weights from disk (or the Hub when allowed), or built from the config.
 
-* A model directory holding weights, or a Hub id whose weights are in the local cache (or may be downloaded
-  with --allow-download): `from_pretrained`, in the run's parameter dtype.
+* A model directory holding weights, or a Hub id (a catalog model, or one whose config was fetched): `from_pretrained`,
+  in the run's parameter dtype, from the local Hugging Face cache or downloaded from the Hub, unless offline mode
+  (`--offline`, HF_HUB_OFFLINE) keeps it to the cache.
 * A config without weights (a config JSON file, a directory with only config.json), when the config says
   `random_weights: true` (or the run only measures speed): random weights drawn from the run's seed — for tests,
   demos and timing runs; otherwise preflight.py stops the run before anything loads. Random weights are saved
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tunecast.catalog.hub import offline_reason
 from tunecast.catalog.models import ModelConfig
 from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
@@ -41,7 +43,7 @@ class BaseModel:
     random: bool
 
 
-def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool, random_allowed: bool = False
+def load_base(spec: RunSpec, resolved: ModelConfig, *, offline: bool, random_allowed: bool = False
               ) -> BaseModel:
     """The base model of `spec` on the CPU, before quantization and adapters. Random weights only when the config
     asks for them, or `random_allowed` (a measuring run)."""
@@ -53,11 +55,11 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, allow_download: bool, ran
         warnings.simplefilter("ignore")
         if resolved.origin == "directory" and has_weights(resolved):
             folder = resolved.path.parent
-            model = _pretrained(str(folder), config, dtype, attention, local_only=True, folder=True)
+            model = _pretrained(str(folder), config, dtype, attention, folder=True)
             origin = f"loaded from {folder}"
             random_weights = False
         elif resolved.origin in ("catalog", "downloaded"):
-            model = _pretrained(resolved.name, config, dtype, attention, local_only=not allow_download)
+            model = _pretrained(resolved.name, config, dtype, attention, offline=offline_reason(offline))
             origin = f"loaded from {resolved.name}"
             random_weights = False
         else:
@@ -80,9 +82,10 @@ def quantize_for_qlora(model: Any, spec: RunSpec, device: torch.device) -> Any:
     return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=True, device=str(device))
 
 
-def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, local_only: bool,
+def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, offline: str | None = None,
                 folder: bool = False) -> Any:
-    """`from_pretrained` of a folder or a Hub id; weights that cannot be read are a user error naming them."""
+    """`from_pretrained` of a folder or a Hub id (the cache only when `offline` says why); weights that cannot be read
+    are a user error naming them."""
     import pickle
 
     from safetensors import SafetensorError
@@ -90,20 +93,21 @@ def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, l
 
     try:
         return AutoModelForCausalLM.from_pretrained(name, config=config, dtype=dtype, attn_implementation=attention,
-                                                    local_files_only=local_only)
+                                                    local_files_only=folder or offline is not None)
     except (SafetensorError, EOFError, pickle.UnpicklingError) as error:  # a file cut short or damaged
         where = f"the weights in {name}" if folder else f"the cached weights of {name}"
         raise TunecastError(f"cannot read {where}: {str(error).splitlines()[0]} (a truncated or damaged file: a "
                             "download that did not finish?)", field="model",
-                            hint="download the weights again" + ("" if folder else " (--allow-download)")) from None
+                            hint="download the weights again") from None
     except OSError as error:
         if folder:
             hint = "check that the folder holds every file of the model (the weights, and the index of sharded ones)"
-        elif local_only:
-            hint = ("pass --allow-download to fetch the weights from the Hugging Face Hub (set HF_TOKEN for gated "
-                    "models)")
+        elif offline is not None:
+            hint = (f"offline mode ({offline}) keeps to the weights in the local Hugging Face cache: download them "
+                    f"where the Hub can be reached (`hf download {name}`), or run without it")
         else:
-            hint = "check the model id, the network and HF_TOKEN"
+            hint = ("check the model id, the network and HF_TOKEN (a gated model: accept its licence on the Hub, then "
+                    "set HF_TOKEN or run `hf auth login`)")
         raise TunecastError(f"cannot load the weights of {name}: {str(error).splitlines()[0]}", field="model",
                             hint=hint) from None
 

@@ -66,7 +66,7 @@ RESOLVED = ("micro_batch", "grad_accum", "grad_checkpointing")
 @dataclass(frozen=True)
 class TrainRequest:
     fresh: bool = False
-    allow_download: bool = False
+    offline: bool = False  # `--offline`: weights only from disk or the local Hugging Face cache, never the Hub
     check_memory: bool = True
     started: float = field(default_factory=time.monotonic)
     # a measuring run (`tunecast calibrate`): random-weight bases are not saved, only the first `data_limit`

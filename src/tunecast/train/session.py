@@ -218,7 +218,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     seed_everything(spec.seed)
     flag.check()
     rss_before_model = resident_gib()
-    base = load_base(spec, resolved_model, allow_download=request.allow_download, random_allowed=request.measuring)
+    base = load_base(spec, resolved_model, offline=request.offline, random_allowed=request.measuring)
     if main and base.random and not request.measuring and not storage.exists(BASE_SAVED, MANIFEST):
         save_base(base.model, counter, storage)
     flag.check()

@@ -1,22 +1,23 @@
-"""--model: catalog names, model directories, config files of any name, and opt-in downloads from a
-stand-in Hub served on loopback — and what a user is told when the Hub cannot be reached, or says no."""
+"""--model: catalog names, model directories, config files of any name, and the config.json of a model outside the
+catalog fetched from a stand-in Hub served on loopback (tests/hub.py) — by default, never in offline mode — and what
+a user is told when the Hub cannot be reached, or says no."""
 
-import hashlib
 import json
-import shutil
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
+from tests.hub import CONFIG, TOKEN, Hub, standing_hub
 
+from tunecast.catalog import hub as hub_module
+from tunecast.catalog.hub import HubAccess, is_hub_id, offline_reason
 from tunecast.catalog.resolve import resolve_model
 from tunecast.errors import TunecastError
-
-CONFIG = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-          "intermediate_size": 128, "vocab_size": 1000}
 
 
 @pytest.mark.parametrize("name", ["meta-llama/Llama-3.1-8B", "META-LLAMA/llama-3.1-8b", "Llama-3.1-8B",
@@ -27,6 +28,8 @@ def test_catalog_names(catalog, name) -> None:
 
 
 def test_model_directory_and_config_file_of_any_name(tmp_path, catalog) -> None:
+    import shutil
+
     source = catalog.models.config_path("Qwen/Qwen3-0.6B")
     (tmp_path / "qwen").mkdir()
     shutil.copy(source, tmp_path / "qwen" / "config.json")
@@ -44,173 +47,312 @@ def test_a_json_file_that_is_not_a_model_config(tmp_path, catalog) -> None:
         resolve_model(str(path), catalog)
 
 
-def test_nothing_is_downloaded_unless_allowed(catalog) -> None:
-    with pytest.raises(TunecastError) as error:
-        resolve_model("someone/unknown-model", catalog)
-    assert "--allow-download" in (error.value.hint or "")
-
-
-class _Hub(BaseHTTPRequestHandler):
-    """Answers huggingface_hub's HEAD and GET for <repo>/resolve/main/config.json; one gated repo, one repo
-without a config.json, one the Hub is down for."""
-
-    configs = {"acme/tiny": CONFIG, "acme/gated": CONFIG}
-    token = "hf_test_token"
-
-    def _reply(self, body: bool) -> None:
-        parts = self.path.split("/resolve/")
-        repo = parts[0].strip("/")
-        if repo == "acme/down":
-            self.send_response(503)
-            self.end_headers()
-            return
-        if repo == "acme/weights-only":
-            self.send_response(404)
-            self.send_header("X-Error-Code", "EntryNotFound")
-            self.send_header("X-Repo-Commit", "0" * 40)
-            self.end_headers()
-            return
-        if len(parts) != 2 or repo not in self.configs or not parts[1].endswith("config.json"):
-            self.send_response(404)
-            self.send_header("X-Error-Code", "RepoNotFound")
-            self.end_headers()
-            return
-        if repo == "acme/gated" and self.headers.get("authorization") != f"Bearer {self.token}":
-            self.send_response(401)
-            self.send_header("X-Error-Code", "GatedRepo")
-            self.send_header("X-Error-Message", "Access to model acme/gated is restricted.")
-            self.end_headers()
-            return
-        payload = json.dumps(self.configs[repo]).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.send_header("ETag", '"' + hashlib.sha1(payload).hexdigest() + '"')
-        self.send_header("X-Repo-Commit", "0" * 40)
-        self.end_headers()
-        if body:
-            self.wfile.write(payload)
-
-    def do_HEAD(self) -> None:
-        self._reply(body=False)
-
-    def do_GET(self) -> None:
-        self._reply(body=True)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    yield endpoint
-    server.shutdown()
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[Hub]:
+    with standing_hub(monkeypatch) as served:
+        yield served
 
 
-def test_download_is_cached_and_found_later_without_the_network(catalog, hub, monkeypatch) -> None:
-    model = resolve_model("acme/tiny", catalog, allow_download=True)
-    assert (model.origin, model.data["hidden_size"]) == ("downloaded", 64)
-    assert model.source == f"{hub}/acme/tiny/resolve/main/config.json"
-    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    assert resolve_model("acme/tiny", catalog).data == CONFIG
+# Fetched by default
 
 
-def test_gated_model_needs_hf_token(catalog, hub, monkeypatch) -> None:
-    with pytest.raises(TunecastError, match="gated") as error:
-        resolve_model("acme/gated", catalog, allow_download=True)
-    assert "HF_TOKEN" in (error.value.hint or "")
-    monkeypatch.setenv("HF_TOKEN", _Hub.token)
-    assert resolve_model("acme/gated", catalog, allow_download=True).origin == "downloaded"
+def test_a_model_outside_the_catalog_is_fetched_without_a_flag_and_kept(catalog, hub, monkeypatch) -> None:
+    heard: list[str] = []
+    model = resolve_model("acme/tiny", catalog, hub=HubAccess(progress=heard.append))
+    assert (model.origin, model.data) == ("downloaded", CONFIG)
+    assert model.source == f"{hub.endpoint}/acme/tiny/resolve/main/config.json"
+    assert len(heard) == 1 and "acme/tiny" in heard[0] and hub.endpoint in heard[0] and "10 s" in heard[0]
+    assert hub.asked == ["/acme/tiny/resolve/main/config.json"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # found again without the Hub, even offline
+    assert resolve_model("acme/tiny", catalog, hub=HubAccess(offline=True)).data == CONFIG
+    assert len(hub.asked) == 1
 
 
-def test_unknown_repo_on_the_hub(catalog, hub) -> None:
-    with pytest.raises(TunecastError, match=r"acme/nothing was not found on http://127\.0\.0\.1"):
-        resolve_model("acme/nothing", catalog, allow_download=True)
+def test_a_redirect_of_a_renamed_repository_is_followed(catalog, hub) -> None:
+    assert resolve_model("acme/renamed", catalog).data == CONFIG
+    assert hub.asked == ["/acme/renamed/resolve/main/config.json", "/acme/tiny/resolve/main/config.json"]
 
 
-def test_repo_without_a_config_json(catalog, hub) -> None:
+# Offline: the flag, and the variables as huggingface_hub reads them
+
+
+@pytest.mark.parametrize(("flag", "variables", "reason", "fix"), [
+    (True, {}, "--offline", "without --offline"),
+    (False, {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE=1", "with HF_HUB_OFFLINE unset"),
+    (False, {"HF_HUB_OFFLINE": "true"}, "HF_HUB_OFFLINE=true", "with HF_HUB_OFFLINE unset"),
+    (False, {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "yes"}, "TRANSFORMERS_OFFLINE=yes",
+     "with TRANSFORMERS_OFFLINE unset"),
+])
+def test_offline_mode_never_asks_the_hub_and_says_what_to_pass(catalog, hub, monkeypatch, flag, variables, reason,
+                                                                fix) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(TunecastError, match=rf"unknown model 'acme/tiny': .*offline mode \({reason}\)") as error:
+        resolve_model("acme/tiny", catalog, hub=HubAccess(offline=flag))
+    assert hub.asked == []
+    assert error.value.field == "model" and "\n" not in error.value.message
+    hint = error.value.hint or ""
+    assert "local model directory holding config.json, a config JSON file, or a catalog name" in hint and fix in hint
+
+
+def test_offline_names_close_catalog_models(catalog) -> None:
+    """The suite's own HF_HUB_OFFLINE=1: a misspelt catalog id is answered with the close names, at once."""
+    with pytest.raises(TunecastError, match=r"offline mode \(HF_HUB_OFFLINE=1\)") as error:
+        resolve_model("meta-llama/Llama-3.1-8b-chat", catalog)
+    assert "meta-llama/Llama-3.1-8B" in (error.value.hint or "")
+
+
+ENVIRONMENTS = [{}, {"HF_HUB_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "TRUE"}, {"HF_HUB_OFFLINE": "Yes"},
+                {"HF_HUB_OFFLINE": "on"}, {"HF_HUB_OFFLINE": "0"}, {"HF_HUB_OFFLINE": "false"},
+                {"HF_HUB_OFFLINE": "2"}, {"HF_HUB_OFFLINE": ""}, {"TRANSFORMERS_OFFLINE": "1"},
+                {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"}, {"HF_HUB_OFFLINE": "", "TRANSFORMERS_OFFLINE": "1"},
+                {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "0"}]
+# huggingface_hub reads the variables once, at import: each environment is read by a fresh import of its constants
+HUGGINGFACE_HUB_READS = """
+import importlib, json, os, sys
+from huggingface_hub import constants
+answers = []
+for environment in json.loads(sys.argv[1]):
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.pop(name, None)
+    os.environ.update(environment)
+    answers.append(importlib.reload(constants).HF_HUB_OFFLINE)
+print(json.dumps(answers))
+"""
+
+
+def test_offline_variables_are_read_as_huggingface_hub_reads_them(monkeypatch) -> None:
+    done = subprocess.run([sys.executable, "-c", HUGGINGFACE_HUB_READS, json.dumps(ENVIRONMENTS)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    theirs = json.loads(done.stdout)
+    ours = []
+    for environment in ENVIRONMENTS:
+        with monkeypatch.context() as scoped:
+            for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+                scoped.delenv(name, raising=False)
+            for name, value in environment.items():
+                scoped.setenv(name, value)
+            ours.append(offline_reason(False) is not None)
+    assert ours == theirs and True in ours and False in ours
+
+
+@pytest.mark.parametrize(("name", "valid"), [("acme/tiny", True), ("Qwen/Qwen2.5-0.5B", True), ("a/b", True),
+                                             ("acme/two words", False), ("acme/x--y", False), ("acme/x..y", False),
+                                             ("acme/-x", False), ("acme/x.git", False), ("a/b/c", False),
+                                             ("acme/" + "x" * 97, False), ("tiny", False), ("acme/café", False)])
+def test_hub_ids_as_the_hub_takes_them(name, valid) -> None:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+        theirs = "/" in name
+    except HFValidationError:
+        theirs = False
+    assert is_hub_id(name) is valid is theirs
+
+
+def test_a_name_that_is_no_hub_id_is_never_sent(catalog, hub) -> None:
+    with pytest.raises(TunecastError, match="unknown model 'acme/two words': not a local path") as error:
+        resolve_model("acme/two words", catalog)
+    assert "org/name" in (error.value.hint or "") and hub.asked == []
+
+
+# What the Hub answers
+
+
+def test_a_gated_model_needs_a_token_with_access(catalog, hub, monkeypatch) -> None:
+    with pytest.raises(TunecastError, match=r"acme/gated is gated or private .* \(HTTP 401\)") as error:
+        resolve_model("acme/gated", catalog)
+    hint = error.value.hint or ""
+    assert "HF_TOKEN" in hint and "hf auth login" in hint and f"{hub.endpoint}/acme/gated" in hint
+    monkeypatch.setenv("HF_TOKEN", "hf_someone_else")
+    with pytest.raises(TunecastError, match=r"the token sent has no access to it \(HTTP 403\)"):
+        resolve_model("acme/gated", catalog)
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    assert resolve_model("acme/gated", catalog).origin == "downloaded"
+
+
+def test_the_token_of_the_saved_login_is_sent_unless_disabled(catalog, hub, monkeypatch) -> None:
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: TOKEN)  # what `hf auth login` saved
+    with pytest.raises(TunecastError, match=r"\(HTTP 401\)"):  # HF_HUB_DISABLE_IMPLICIT_TOKEN=1: not sent
+        resolve_model("acme/gated", catalog)
+    monkeypatch.delenv("HF_HUB_DISABLE_IMPLICIT_TOKEN")
+    assert resolve_model("acme/gated", catalog).origin == "downloaded"
+
+
+@pytest.mark.parametrize("token", [None, "hf_someone"])
+def test_no_such_repository(catalog, hub, monkeypatch, token) -> None:
+    """Anonymous, the Hub answers 401 for a repository it does not show; RepoNotFound says which it is."""
+    if token:
+        monkeypatch.setenv("HF_TOKEN", token)
+    with pytest.raises(TunecastError, match=r"acme/nothing is not in the catalog and was not found on http://127\."):
+        resolve_model("acme/nothing", catalog)
+
+
+def test_a_404_that_is_not_the_hubs_is_no_missing_model(catalog, hub) -> None:
+    """A proxy or a non-Hub HF_ENDPOINT answering 404 (without the Hub's X-Error-Code) is not "no such model"."""
+    with pytest.raises(TunecastError, match=r"did not give its config\.json: it answered HTTP 404 without the Hub's "
+                                            "X-Error-Code") as error:
+        resolve_model("acme/proxied", catalog)
+    assert "HF_ENDPOINT" in (error.value.hint or "") and "not found" not in error.value.message
+
+
+def test_a_repository_without_a_config_json(catalog, hub) -> None:
     with pytest.raises(TunecastError, match=r"config\.json was not found in acme/weights-only") as error:
-        resolve_model("acme/weights-only", catalog, allow_download=True)
+        resolve_model("acme/weights-only", catalog)
     assert "config JSON file" in (error.value.hint or "")
 
 
-def test_not_a_hub_model_id(catalog, hub) -> None:
-    with pytest.raises(TunecastError, match="'acme/two words' is not a Hugging Face model id"):
-        resolve_model("acme/two words", catalog, allow_download=True)
+def test_a_config_that_is_no_transformers_model(catalog, hub) -> None:
+    with pytest.raises(TunecastError, match=r"acme/encoder's config\.json .* has no model_type"):
+        resolve_model("acme/encoder", catalog)
 
 
-# The Hub out of reach. huggingface_hub retries a failed connection five times with back-off (23 s in all)
-# before it gives up; the waits are skipped here so that each test takes a fraction of a second.
+def test_a_page_in_place_of_the_file_is_not_kept(catalog, hub) -> None:
+    """A proxy's or network's sign-in page answering 200 is the Hub out of reach, and nothing is cached: the next
+    command asks again."""
+    for _ in range(2):
+        with pytest.raises(TunecastError, match=r"did not give its config\.json: .* not JSON") as error:
+            resolve_model("acme/portal", catalog)
+    assert "HF_ENDPOINT" in (error.value.hint or "") and len(hub.asked) == 2
+
+
+def test_the_hub_failing_is_not_a_missing_model(catalog, hub) -> None:
+    with pytest.raises(TunecastError, match=r"did not give its config\.json: it answered HTTP 503") as error:
+        resolve_model("acme/down", catalog)
+    assert "try again later" in (error.value.hint or "") and len(hub.asked) == 1  # asked once: no retries
+
+
+# The Hub out of reach: told in one line, within the time
 
 
 @pytest.fixture
-def no_retry_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from huggingface_hub.utils import _http
-
-    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=lambda seconds: None))
-
-
-@pytest.fixture
-def closed_endpoint(monkeypatch: pytest.MonkeyPatch, no_retry_waits: None) -> str:
+def closed_endpoint(monkeypatch: pytest.MonkeyPatch) -> str:
     """HF_ENDPOINT at a loopback port that nothing listens on: every connection is refused."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     endpoint = f"http://127.0.0.1:{port}"
     monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     return endpoint
 
 
-def test_unreachable_hub_is_not_a_missing_config(catalog, closed_endpoint) -> None:
-    with pytest.raises(TunecastError, match="could not reach the Hugging Face Hub") as error:
-        resolve_model("someorg/some-model", catalog, allow_download=True)
-    assert error.value.message.startswith(f"could not reach the Hugging Face Hub at {closed_endpoint} to fetch "
-                                          "someorg/some-model's config.json: ")
-    assert "not found" not in error.value.message and "no config.json" not in error.value.message
-    assert error.value.field == "model" and "\n" not in error.value.message
-    assert "local model directory holding config.json, or at a config JSON file" in (error.value.hint or "")
+def test_a_refused_connection_says_so_and_what_to_pass(catalog, closed_endpoint) -> None:
+    with pytest.raises(TunecastError) as error:
+        resolve_model("meta-llama/Llama-3.1-8b-chat", catalog)
+    assert error.value.message.startswith(
+        "unknown model 'meta-llama/Llama-3.1-8b-chat': not a local path nor in the catalog, and the Hugging Face Hub "
+        f"at {closed_endpoint} did not give its config.json: ")
+    assert "refused" in error.value.message.lower() and "\n" not in error.value.message
+    assert error.value.field == "model" and "not found" not in error.value.message
+    hint = error.value.hint or ""
+    assert "check the network" in hint and "local model directory holding config.json" in hint
+    assert "meta-llama/Llama-3.1-8B" in hint  # the catalog's close names, as when offline
 
 
-def test_offline_mode_says_so(catalog, closed_endpoint, monkeypatch) -> None:
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(TunecastError, match="HF_HUB_OFFLINE is set") as error:
-        resolve_model("someorg/some-model", catalog, allow_download=True)
-    assert "unset HF_HUB_OFFLINE" in (error.value.hint or "")
-
-
-def test_hub_down_is_not_a_missing_model(catalog, hub, no_retry_waits) -> None:
-    with pytest.raises(TunecastError, match=r"did not serve acme/down's config\.json: it answered HTTP 503") as error:
-        resolve_model("acme/down", catalog, allow_download=True)
-    assert "try again later" in (error.value.hint or "")
+@pytest.fixture
+def silent_endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """HF_ENDPOINT at a loopback port that takes connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    yield endpoint
+    listener.close()
 
 
-def test_a_connection_lost_outside_the_metadata_call(catalog, monkeypatch) -> None:
-    """Errors of the HTTP client that huggingface_hub passes on unwrapped (a proxy that refuses, a connection
-    lost mid-download) are the Hub out of reach too."""
-    import huggingface_hub
+def test_a_hub_that_does_not_answer_is_given_up_in_time(catalog, silent_endpoint, monkeypatch) -> None:
+    monkeypatch.setattr(hub_module, "TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(TunecastError, match=r"did not give its config\.json: no answer within 0\.5 s"):
+        resolve_model("someorg/some-model", catalog)
+    assert time.monotonic() - started < 3
 
-    httpx = pytest.importorskip("httpx2")
 
-    def refuse(*args: object, **kwargs: object) -> str:
+def test_the_time_bounds_what_the_http_client_does_not(catalog, hub, monkeypatch) -> None:
+    """A name lookup that hangs (the HTTP client's timeouts do not cover it) is given up in time too."""
+    import httpx
+
+    release = threading.Event()
+
+    def hang(*args: object, **kwargs: object) -> None:
+        release.wait(30)
+        raise httpx.ConnectError("gave up")
+
+    monkeypatch.setattr(httpx.Client, "get", hang)
+    monkeypatch.setattr(hub_module, "TIMEOUT_S", 0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TunecastError, match=r"no answer within 0\.3 s"):
+            resolve_model("acme/tiny", catalog)
+        assert time.monotonic() - started < 3
+    finally:
+        release.set()
+
+
+def test_a_proxy_that_refuses_is_the_hub_out_of_reach(catalog, hub, monkeypatch) -> None:
+    import httpx
+
+    def refuse(*args: object, **kwargs: object) -> None:
         raise httpx.ProxyError("407 Proxy Authentication Required")
 
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
-    with pytest.raises(TunecastError, match=r"could not reach the Hugging Face Hub .*: 407 Proxy Authentication"):
-        resolve_model("someorg/some-model", catalog, allow_download=True)
+    monkeypatch.setattr(httpx.Client, "get", refuse)
+    with pytest.raises(TunecastError, match=r"did not give its config\.json: 407 Proxy Authentication Required"):
+        resolve_model("acme/tiny", catalog)
 
 
-def test_cli_exit_status_and_message_when_the_hub_is_out_of_reach(cli, closed_endpoint) -> None:
-    result = cli("memory", "--model", "someorg/some-model", "--allow-download")
-    assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
-    assert "could not reach the Hugging Face Hub" in result.stderr and "no config.json" not in result.stderr
-    document = cli("memory", "--model", "someorg/some-model", "--allow-download", "--json")
-    assert document.code == 2
+def test_an_endpoint_that_is_no_url(catalog, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "huggingface.co")
+    with pytest.raises(TunecastError, match="acme/tiny") as error:
+        resolve_model("acme/tiny", catalog)
+    assert "HF_ENDPOINT" in (error.value.hint or "") or "HF_ENDPOINT" in error.value.message
+
+
+# On the command line
+
+
+def test_the_cli_fetches_by_default_and_says_so_on_stderr(cli, hub) -> None:
+    result = cli("validate", "--model", "acme/tiny", "--method", "lora")
+    assert result.code == 0, result.stderr
+    assert "acme/tiny is not in the catalog: fetching its config.json from" in result.stderr
+    assert "fetching" not in result.stdout
+    again = cli("validate", "--model", "acme/tiny", "--method", "lora", "--allow-download")  # deprecated: no-op
+    assert again.code == 0 and "fetching" not in again.stderr and len(hub.asked) == 1
+
+
+def test_the_cli_offline_flag(cli, hub) -> None:
+    result = cli("validate", "--model", "acme/tiny", "--offline")
+    assert result.code == 2 and "Traceback" not in result.stderr and hub.asked == []
+    assert "offline mode (--offline)" in result.stderr
+    document = cli("memory", "--model", "acme/tiny", "--offline", "--json")
     problem = document.json()["error"]["problems"][0]
-    assert problem["field"] == "model" and problem["message"].startswith("could not reach the Hugging Face Hub")
+    assert document.code == 2 and problem["field"] == "model" and "offline mode (--offline)" in problem["message"]
+
+
+def test_the_cli_when_the_hub_is_out_of_reach(cli, closed_endpoint) -> None:
+    started = time.monotonic()
+    result = cli("memory", "--model", "someorg/some-model")
+    assert result.code == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "did not give its config.json" in result.stderr and "not found" not in result.stderr
+    document = cli("plan", "--model", "someorg/some-model", "--json")
+    problem = document.json()["error"]["problems"][0]
+    assert document.code == 2 and problem["message"].startswith("unknown model 'someorg/some-model'")
+    assert time.monotonic() - started < 10
+
+
+def test_the_help_names_offline_and_the_old_flag_as_deprecated(cli, monkeypatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    text = cli("memory", "--help").stdout
+    assert "--offline" in text and "HF_HUB_OFFLINE" in text
+    assert "Deprecated, does nothing" in next(line for line in text.splitlines() if "--allow-download" in line)
+
+
+def test_the_suite_itself_is_offline() -> None:
+    """tests/conftest.py: no test, and no process a test starts, asks the real Hub."""
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and "HF_ENDPOINT" not in os.environ

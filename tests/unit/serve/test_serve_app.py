@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from tests.hub import standing_hub
 from tests.models import shallow_llama
 
 from tunecast.catalog.store import load_catalog
@@ -231,3 +232,24 @@ def test_loopback_hosts() -> None:
 
     assert [is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]")] == [True] * 5
     assert [is_loopback(h) for h in ("0.0.0.0", "::", "10.1.2.3", "example.com")] == [False] * 4
+
+
+def test_the_planner_fetches_a_model_outside_the_catalog_unless_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on the command line: the config.json of a Hub id outside the catalog is fetched (said as the request's
+    progress), and never with `serve --offline`."""
+    from tunecast.estimate.progress import listening
+    from tunecast.serve.service import RunRequest, Service
+
+    with standing_hub(monkeypatch) as hub:
+        client = TestClient(create_app(), raise_server_exceptions=False)
+        body = {"config": "method: lora\n", "overrides": {"model": "acme/tiny"}}
+        assert "model: acme/tiny" in client.post("/api/export", json=body).json()["yaml"]
+        heard: list[tuple[str, str]] = []
+        with listening(lambda kind, text: heard.append((kind, text))), pytest.raises(ConfigError) as refused:
+            Service(load_catalog(None)).load(RunRequest("", {"model": "acme/gated"}))
+    assert "acme/gated is gated" in refused.value.problems[0].message
+    assert heard and heard[0][0] == "progress" and "fetching its config.json" in heard[0][1]
+    with standing_hub(monkeypatch) as hub:
+        offline = TestClient(create_app(offline=True), raise_server_exceptions=False)
+        error = _error(offline.post("/api/export", json={"config": "", "overrides": {"model": "acme/other"}}), 400)
+        assert "offline mode (--offline)" in error["problems"][0]["message"] and hub.asked == []
