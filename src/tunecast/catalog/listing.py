@@ -19,7 +19,7 @@ def listed_gpus(catalog: Catalog, *, min_memory_gib: float | None = None) -> lis
 
 def model_documents(catalog: Catalog, *, search: str | None = None) -> list[dict[str, Any]]:
     """Each catalog model (those `search` finds, best first, as `search_names` matches them): its shape, exact
-    parameter count and source."""
+    parameter count, source, and the other Hub ids that publish its config (model_aliases.csv)."""
     documents = []
     names = catalog.models.names if search is None else search_names(catalog.models.names, search)
     for name in names:
@@ -31,6 +31,7 @@ def model_documents(catalog: Catalog, *, search: str | None = None) -> list[dict
             "vocab_size": model.vocab_size, "num_experts": model.num_experts,
             "max_position_embeddings": model.max_position_embeddings,
             "source": model.source, "as_of": catalog.models.entry(name).as_of.isoformat(),
+            "aliases": catalog.models.aliases_of(name),
         })
     return documents
 

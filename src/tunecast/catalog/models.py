@@ -3,6 +3,10 @@
 The index (`models.csv`) stores each model's exact parameter count, computed from its config on the
 meta device by `scripts/update_model_index.py` and recomputed by the tests, so that listing models
 never needs torch.
+
+Aliases (`model_aliases.csv`) are other Hub ids under which a catalog model's config is published: the old id of
+a renamed repository, or a mirror that republishes the model. An alias is served with its model's config and keeps
+its own name, since that is the repository the user's weights come from.
 """
 
 from __future__ import annotations
@@ -32,6 +36,24 @@ class ModelEntry(CatalogRow):
 
 MODEL_COLUMNS = ModelEntry.columns()
 
+AliasKind = Literal["renamed", "mirror"]
+
+
+class ModelAlias(CatalogRow):
+    """One row of model_aliases.csv: another Hub id whose config.json is a catalog model's."""
+
+    alias: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    """The other Hugging Face model id, `org/name`."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    """The catalog model (a `name` of models.csv) whose config the alias's repository publishes."""
+    kind: AliasKind
+    """`renamed`: the Hub renamed the repository, and the old id leads to the new one. `mirror`: another
+    organisation republishes the model, with a config.json of the same architecture (token ids, `torch_dtype` and
+    `_name_or_path` may differ; none of them changes an estimate)."""
+
+
+ALIAS_COLUMNS = ModelAlias.columns()
+
 # Suffixes of fine-tuned variants whose architecture is that of the base model.
 _VARIANT_SUFFIX = re.compile(r"[-_](instruct|chat|it|hf|base|sft|dpo)(-v?[\d.]+)?$", re.IGNORECASE)
 
@@ -49,6 +71,8 @@ class ModelConfig:
     params: int | None = None
     """Exact parameter count when the catalog knows it."""
     source: str | None = None
+    alias_of: str | None = None
+    """The catalog model whose config this is, when `name` is an alias of it (model_aliases.csv)."""
 
     @property
     def model_type(self) -> str:
@@ -156,10 +180,19 @@ def search_names(names: list[str], text: str) -> list[str]:
 
 
 class ModelIndex:
-    """Catalog models by name: exact id, case-insensitive id, or the part after the slash when unique."""
+    """Catalog models by name: exact id, case-insensitive id, or the part after the slash when unique; then their
+    aliases alike, an alias's part after the slash only where no model and no other alias has it
+    (`Meta-Llama-3-8B` stays meta-llama's, whatever mirrors it; `Meta-Llama-3.1-8B-Instruct` is the renamed id)."""
 
-    def __init__(self, entries: dict[str, tuple[ModelEntry, Path]]) -> None:
+    def __init__(self, entries: dict[str, tuple[ModelEntry, Path]],
+                 aliases: dict[str, ModelAlias] | None = None) -> None:
         self._entries = entries
+        # a model of the same id replaces an alias (a user's own row wins over a bundled alias)
+        taken = {name.lower() for name in entries}
+        self._aliases = {alias.alias.lower(): alias for alias in (aliases or {}).values()
+                         if alias.alias.lower() not in taken}
+        unknown = [alias.alias for alias in self._aliases.values() if alias.name not in entries]
+        assert not unknown, f"aliases of models not in the catalog: {unknown}"  # the store refuses them first
         self._by_key: dict[str, str] = {}
         short_names: dict[str, list[str]] = {}
         for name in entries:
@@ -169,6 +202,13 @@ class ModelIndex:
         for short, names in short_names.items():
             if len(names) == 1:
                 self._by_key.setdefault(short, names[0])
+        self._alias_by_key = dict(self._aliases)
+        alias_shorts: dict[str, list[ModelAlias]] = {}
+        for alias in self._aliases.values():
+            alias_shorts.setdefault(alias.alias.split("/")[-1].lower(), []).append(alias)
+        for short, same in alias_shorts.items():
+            if len(same) == 1 and short not in short_names:
+                self._alias_by_key.setdefault(short, same[0])
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -177,13 +217,32 @@ class ModelIndex:
     def names(self) -> list[str]:
         return sorted(self._entries, key=str.lower)
 
+    @property
+    def aliases(self) -> list[ModelAlias]:
+        return sorted(self._aliases.values(), key=lambda alias: alias.alias.lower())
+
+    def aliases_of(self, name: str) -> list[str]:
+        """The alias ids of the catalog model `name`."""
+        return [alias.alias for alias in self.aliases if alias.name == name]
+
+    def with_entry(self, entry: ModelEntry, path: Path) -> ModelIndex:
+        """This index with one more model (or that model's row replaced), its aliases kept."""
+        return ModelIndex({**self._entries, entry.name: (entry, path)},
+                          {alias.alias: alias for alias in self._aliases.values()})
+
     def find(self, name: str) -> ModelConfig | None:
-        canonical = self._by_key.get(name.strip().lower())
-        if canonical is None:
+        key = name.strip().lower()
+        canonical = self._by_key.get(key)
+        if canonical is not None:
+            entry, path = self._entries[canonical]
+            return ModelConfig(name=entry.name, path=path, origin="catalog", data=read_config_file(path),
+                               params=entry.params, source=entry.source)
+        alias = self._alias_by_key.get(key)
+        if alias is None:
             return None
-        entry, path = self._entries[canonical]
-        return ModelConfig(name=entry.name, path=path, origin="catalog", data=read_config_file(path),
-                           params=entry.params, source=entry.source)
+        entry, path = self._entries[alias.name]
+        return ModelConfig(name=alias.alias, path=path, origin="catalog", data=read_config_file(path),
+                           params=entry.params, source=alias.source, alias_of=entry.name)
 
     def entry(self, name: str) -> ModelEntry:
         return self._entries[name][0]

@@ -1,10 +1,10 @@
 """The catalog: bundled GPU, offer and model data, merged with the user's own catalog directory.
 
 A user directory (`--catalog DIR`, `$TUNECAST_CATALOG`, or ~/.local/share/tunecast/catalog) may hold
-`gpus.csv`, `offers.csv`, `volume_defaults.csv`, and `models.csv` with `models/*.json`, in the bundled files'
-format, and the devices `tunecast probe` measured (`devices.csv`, `device_measurements.csv`). Its rows add to
-the bundled ones and replace those with the same key (a GPU's slug, a model's name, an offer's provider, GPU,
-node size, instance type and region, a kind of provider).
+`gpus.csv`, `offers.csv`, `volume_defaults.csv`, `models.csv` with `models/*.json` and `model_aliases.csv`, in the
+bundled files' format, and the devices `tunecast probe` measured (`devices.csv`, `device_measurements.csv`). Its
+rows add to the bundled ones and replace those with the same key (a GPU's slug, a model's name, an alias's id, an
+offer's provider, GPU, node size, instance type and region, a kind of provider).
 
 Every offer, bundled or the user's, that publishes no volume price is given the default for its kind of
 provider here, once the offers are merged (see `tunecast.catalog.offers`): the planner prices storage from the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tunecast.catalog.devices import with_measured
 from tunecast.catalog.gpus import Gpu, GpuIndex
-from tunecast.catalog.models import ModelEntry, ModelIndex
+from tunecast.catalog.models import ModelAlias, ModelEntry, ModelIndex
 from tunecast.catalog.offers import Offer, VolumeDefault, VolumeDefaults, volume_defaults, with_volume_default
 from tunecast.catalog.overheads import Overhead
 from tunecast.catalog.rows import parse_rows
@@ -35,6 +35,7 @@ OVERHEADS_FILE = "overheads.csv"
 THROUGHPUT_FILE = "throughput.csv"
 MODELS_FILE = "models.csv"
 MODELS_DIR = "models"
+MODEL_ALIASES_FILE = "model_aliases.csv"
 VOLUME_DEFAULTS_FILE = "volume_defaults.csv"
 
 
@@ -90,6 +91,26 @@ def _model_entries(directory: Path, label: str) -> dict[str, tuple[ModelEntry, P
     return entries
 
 
+def _model_aliases(directory: Path, label: str) -> dict[str, ModelAlias]:
+    index = directory / MODEL_ALIASES_FILE
+    if not index.exists():
+        return {}
+    return {alias.alias.lower(): alias
+            for alias in parse_rows(_read(index), ModelAlias, f"{label}/{MODEL_ALIASES_FILE}")}
+
+
+def _checked_aliases(aliases: dict[str, ModelAlias], models: dict[str, tuple[ModelEntry, Path]],
+                     label: str) -> dict[str, ModelAlias]:
+    """Every alias names a model of the catalog (its own rows and the bundled ones)."""
+    problems = [Problem(f"{label}/{MODEL_ALIASES_FILE}: {alias.alias}",
+                        f"names {alias.name!r}, which is not a model of the catalog",
+                        f"name a model of models.csv (`tunecast models` lists them), or add {alias.name} first")
+                for alias in aliases.values() if alias.name not in models]
+    if problems:
+        raise ConfigError(f"{label}/{MODEL_ALIASES_FILE}", problems)
+    return aliases
+
+
 def _canonical_offers(offers: list[Offer], gpus: GpuIndex, label: str) -> list[Offer]:
     """Offers name GPUs by slug or alias; store the slug. An unknown GPU is a catalog error."""
     problems: list[Problem] = []
@@ -114,6 +135,7 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
     gpus = {gpu.slug: gpu for gpu in parse_rows(_read(bundled / GPUS_FILE), Gpu, GPUS_FILE)}
     offers = parse_rows(_read(bundled / OFFERS_FILE), Offer, OFFERS_FILE)
     models = _model_entries(bundled, "catalog")
+    aliases = _checked_aliases(_model_aliases(bundled, "catalog"), models, "catalog")
     overheads = {(row.name, row.architecture): row
                  for row in parse_rows(_read(bundled / OVERHEADS_FILE), Overhead, OVERHEADS_FILE)}
     volumes = {row.kind: row for row in parse_rows(_read(bundled / VOLUME_DEFAULTS_FILE), VolumeDefault,
@@ -130,6 +152,7 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         if (active_user_dir / OFFERS_FILE).exists():
             user_offers = parse_rows(_read(active_user_dir / OFFERS_FILE), Offer, f"{label}/{OFFERS_FILE}")
         models.update(_model_entries(active_user_dir, label))
+        aliases.update(_checked_aliases(_model_aliases(active_user_dir, label), models, label))
         if (active_user_dir / OVERHEADS_FILE).exists():
             for row in parse_rows(_read(active_user_dir / OVERHEADS_FILE), Overhead, f"{label}/{OVERHEADS_FILE}"):
                 overheads[(row.name, row.architecture)] = row
@@ -149,7 +172,7 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
         version=str(meta["version"]),
         gpus=index,
         offers=tuple(with_volume_default(offer, defaults) for offer in merged.values()),
-        models=ModelIndex(models),
+        models=ModelIndex(models, aliases),
         user_dir=active_user_dir,
         volume_defaults=defaults,
         overheads=tuple(overheads.values()),

@@ -298,7 +298,6 @@ class Service:
         (`dropped_model_name`) and with its exact parameter count, so that `model:` names it: here, in a link and in
         an exported config alike. The same config dropped again is the same model, and so is a catalog model's own
         config; another config under a name already taken gets that name with its digest."""
-        from tunecast.catalog.models import ModelIndex
         from tunecast.catalog.user import add_model
         from tunecast.serve.uploads import checked_model_config, dropped_model_name, model_digest, same_model
         from tunecast.step.shape import build_meta_model, count_parameters
@@ -324,9 +323,7 @@ class Service:
         entry, path = add_model(config, name=taken, params=params, user_dir=self.catalog_dir,
                                 source=f"dropped on the web planner (tunecast serve) as {file_name or 'config.json'}")
         # the server's catalog gains the model as the user catalog on disk did (the rest stays as the server loaded it)
-        models = self.catalog.models
-        entries = {known: (models.entry(known), models.config_path(known)) for known in models.names}
-        self.catalog = replace(self.catalog, models=ModelIndex({**entries, entry.name: (entry, path)}))
+        self.catalog = replace(self.catalog, models=self.catalog.models.with_entry(entry, path))
         self._models = None
         self._catalog_answer = None
         return stamped({"model": taken, "added": True, **self._model_document(taken)})

@@ -125,7 +125,7 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
         served.setdefault(data["model_type"], templates.applies(data, LORA))
     assert served == {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gpt2": True, "phi": True,
                       "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": True,
-                      "phi3": False, "gemma3_text": False}
+                      "phi3": False, "gemma3_text": False, "deepseek_v2": False}
     llama = config("meta-llama/Llama-3.1-8B")
     assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}))
     mistral = config("mistralai/Mistral-7B-v0.1")  # each side of the sliding window has its templates

@@ -218,7 +218,9 @@ def test_closing_a_stream_cancels_a_cold_estimate_at_its_next_trace(
     body = {"config": f"model: {model}\nloss: chunked\nmicro_batch: 2\nseq_len: 64\n"}
     with client.stream("POST", "/api/memory/stream", json=body) as stream:
         assert stream.headers["content-type"].startswith("application/x-ndjson")
-        first = json.loads(next(stream.iter_lines()))
+        lines = stream.iter_lines()
+        announced, first = json.loads(next(lines)), json.loads(next(lines))
+    assert announced["kind"] == "notice" and "the chunked loss" in announced["message"]  # what it traces, and why
     assert first["event"] == "progress" and "trace 1 of" in first["message"]
     release.set()  # the trace under way ends; the next progress point stops the estimate
     service = client.app.state.service  # type: ignore[attr-defined]
