@@ -36,6 +36,35 @@ PRECISION = {"bf16-true": "bf16", "bf16": "bf16"}
 SHORT_TARGETS = {"q": "q_proj", "v": "v_proj", "k": "k_proj", "o": "o_proj"}
 
 
+def versions_of(row: dict[str, str]) -> dict[str, str]:
+    """The tool and library versions a row states (`versions`: "trl 0.13.0; bitsandbytes 0.43.3; …"), by name."""
+    named = (part.strip().split() for part in row.get("versions", "").split(";") if part.strip())
+    return {words[0].lower(): words[1] for words in named if len(words) == 2}
+
+
+def version_settings(row: dict[str, str], runner: str | None) -> dict[str, Any]:
+    """The settings a row's versions and quantization state: the runner's version (`runner_version`, when tunecast
+    has a runner for its tool), the bitsandbytes a QLoRA row ran, and whether its NF4 constants were quantized
+    again (`nf4` without, `nf4-dq` with: litgpt's bnb.nf4 and bnb.nf4-dq)."""
+    versions = versions_of(row)
+    settings: dict[str, Any] = {}
+    if runner is not None and row["framework"].lower() in versions:
+        settings["runner_version"] = versions[row["framework"].lower()]
+    if row["method"] == "qlora" and "bitsandbytes" in versions:
+        settings["bitsandbytes_version"] = versions["bitsandbytes"]
+    return settings
+
+
+def lora_settings(row: dict[str, str]) -> dict[str, Any]:
+    """The adapter settings a row states, beyond rank and targets: dropout, and double quantization for QLoRA."""
+    settings: dict[str, Any] = {}
+    if row.get("lora_dropout"):
+        settings["dropout"] = float(row["lora_dropout"])
+    if row["method"] == "qlora" and row["quant"] in ("nf4", "nf4-dq"):
+        settings["double_quant"] = row["quant"] == "nf4-dq"
+    return settings
+
+
 def spec_for(row: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
     """RunSpec settings for a row, or the reason it cannot be expressed."""
     if row["optimizer"] in ("unknown", ""):
@@ -51,7 +80,8 @@ def spec_for(row: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
     }
     if row["method"] in ("lora", "qlora"):
         targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",")]
-        settings["lora"] = {"rank": int(row["lora_rank"]), "targets": targets, "alpha": 16}
+        settings["lora"] = {"rank": int(row["lora_rank"]), "targets": targets, "alpha": 16, **lora_settings(row)}
+    settings.update(version_settings(row, None))
     return settings, None
 
 
@@ -98,11 +128,17 @@ def runner_config(row: dict[str, str], runner: str) -> tuple[dict[str, Any] | No
         config["grad_checkpointing"] = row["grad_checkpointing"] == "yes"
     if row["method"] in ("lora", "qlora"):
         targets = [SHORT_TARGETS.get(t.strip(), t.strip()) for t in row["lora_targets"].split(",") if t.strip()]
-        config["lora"] = {"rank": int(row["lora_rank"]), **({"targets": targets} if targets else {})}
+        config["lora"] = {"rank": int(row["lora_rank"]), **({"targets": targets} if targets else {}),
+                          **lora_settings(row)}
     if "torch.compile" in row["notes"]:
         config["compile"] = True
+    if "flash-attn" in row["notes"]:
+        config["attention"] = "flash"
+    config.update(version_settings(row, runner))
     unknown = [flag for flag in ("optimizer", "grad_checkpointing") if row[flag] in ("unknown", "")]
-    return config, "the row's settings" + (f"; {', '.join(unknown)}: the runner's default" if unknown else "")
+    stated = [f"{key} {value}" for key, value in version_settings(row, runner).items()]
+    return config, "the row's settings" + (f"; {', '.join(unknown)}: the runner's default" if unknown else "") + (
+        f"; {', '.join(stated)}" if stated else "")
 
 
 def runner_rows(rows: list[dict[str, str]], catalog: Any, own: dict[str, dict[str, Any]],
@@ -142,7 +178,7 @@ def runner_rows(rows: list[dict[str, str]], catalog: Any, own: dict[str, dict[st
             continue
         gpu = catalog.gpus.get(row["gpu"])
         spec = apply_runner(RunSpec.model_validate(config))
-        plain = RunSpec.model_validate({**spec.model_dump(), "runner": "tunecast"})
+        plain = RunSpec.model_validate({**spec.model_dump(), "runner": "tunecast", "runner_version": None})
         reserved = row["metric"].startswith("max_memory_reserved")
         figures = []
         for each in (spec, plain):

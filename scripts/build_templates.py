@@ -53,7 +53,10 @@ TEMPLATED_RUNNERS = ("tunecast", "hf-trainer", "axolotl", "llamafactory")
 
 def _write(key: str, template: dict) -> None:
     data = json.dumps(template, separators=(",", ":")).encode()
-    (OUT / f"{key}{SUFFIX}").write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+    path = OUT / f"{key}{SUFFIX}"
+    part = path.with_name(path.name + ".part")  # renamed into place: a build stopped mid-write leaves no damaged file
+    part.write_bytes(lzma.compress(data, preset=9 | lzma.PRESET_EXTREME))
+    part.replace(path)
 
 
 def _sides(data: dict) -> tuple[bool, ...]:

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from tunecast.catalog.models import ModelConfig
 from tunecast.catalog.store import Catalog
+from tunecast.config.runner import version_problem
 from tunecast.config.spec import MAX_GLOBAL_BATCH, STRATEGY_ENGINES, RunSpec
 from tunecast.errors import Problem, suggestion_text
 
@@ -52,6 +53,9 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
             add(key, f"micro_batch × grad_accum × gpus.count = {product:,} sequences per optimizer step, over the "
                 f"{MAX_GLOBAL_BATCH:,} a run may take", "fine-tunes take tens to a few thousand sequences per step: "
                 "check micro_batch, grad_accum and gpus.count for a typo")
+    version = version_problem(spec)
+    if version is not None:
+        add(*version)
     if spec.warmup_steps and spec.warmup_ratio:
         add("warmup_ratio", "is set together with warmup_steps", "keep one of warmup_steps and warmup_ratio")
     if spec.optimizer_in_backward and spec.grad_accum > 1:

@@ -18,7 +18,7 @@ from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
 from tunecast.config.runner import apply_runner
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import TEXT_KEYS, RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ def parse_set(text: str) -> Override:
                             hint="write --set dotted.key=value, for example --set lora.dropout=0.05")
     import yaml  # here: a command given typed flags only reads no YAML
 
+    if key in TEXT_KEYS:  # a version such as 1.10, which YAML would read as the number 1.1
+        return Override(key, raw.strip(), f"--set {key}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

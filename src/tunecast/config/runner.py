@@ -11,19 +11,25 @@ read; docs/runners.md lists them, with the research behind them in docs/research
   or offloads, its master weights' and adapters' dtype). Loading a config applies them (load.py, `apply_runner`);
   a key the config or a flag sets wins. What the run is — its batch, length, epochs, learning rate — stays the
   config's: a tool's defaults for those are read with its own config (`--from`, runners/<tool>.py);
-* what it does that the trace cannot run (`unmodelled`), said with every estimate (runners/profiles.py).
+* what it does that the trace cannot run (`unmodelled`), said with every estimate (runners/profiles.py);
+* its history (`history`): older versions of the tool whose step or defaults differ from the entry's, each with its
+  version range and sources. `runner_version` picks one (`runner_entry`); unset, the entry itself (today's) counts.
+
+bitsandbytes is no runner, but every runner's QLoRA runs its 4-bit layers: `bitsandbytes_version` picks an older
+behaviour of those the same way (BITSANDBYTES).
 
 `tunecast` is the runner tunecast trains with; the others are for estimates (`memory`, `plan`, `train --dry-run`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
 
 from tunecast.config.spec import RunSpec
+from tunecast.config.versions import Version, VersionRange, parse_version
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,24 @@ class Default:
         return spec.method in self.methods and (not self.single_gpu or spec.gpus.count == 1)
 
 
+_EVERY_VERSION = VersionRange()
+
+
+@dataclass(frozen=True)
+class Era:
+    """Older versions of a tool (`versions`), and how their step or defaults differ from the tool's entry: each
+    field given replaces the entry's (None keeps it). `label` names the versions in notes; `sources` say where each
+    difference was read."""
+
+    versions: VersionRange
+    label: str
+    step: tuple[str, ...] | None = None
+    mixed_step: tuple[str, ...] | None = None
+    qlora_step: tuple[str, ...] | None = None
+    defaults: tuple[Default, ...] | None = None
+    sources: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Runner:
     name: str
@@ -52,6 +76,27 @@ class Runner:
     defaults: tuple[Default, ...] = ()
     sources: tuple[str, ...] = ()  # where the step variants are written
     unmodelled: tuple[str, ...] = ()  # what the tool does that the estimate does not trace
+    versions: VersionRange = _EVERY_VERSION  # the versions `version` covers, as `runner_version` names them
+    history: tuple[Era, ...] = ()  # older versions that differ, newest first
+
+    def known(self) -> str:
+        """The versions this runner knows, in words (for errors and docs)."""
+        ranges = [self.versions, *(era.versions for era in self.history)]
+        since = [r.since for r in ranges if r.since is not None]
+        oldest = min(since) if len(since) == len(ranges) else None
+        return VersionRange(oldest, None).text()
+
+    def at(self, version: Version) -> Runner | None:
+        """This entry as the tool behaved at `version`; None for a version it does not know."""
+        if self.versions.contains(version):
+            return self
+        for era in self.history:
+            if era.versions.contains(version):
+                changed = {name: getattr(era, name) for name in ("step", "mixed_step", "qlora_step", "defaults")
+                           if getattr(era, name) is not None}
+                return replace(self, version=era.label, sources=(*era.sources, *self.sources), history=(),
+                               **changed)
+        return None
 
 
 _TRAINER = ("autocast", "fp32-outputs")
@@ -60,6 +105,51 @@ _ACCELERATE = ("the transformers Trainer with bf16=True (or fp16=True) prepares 
                "accelerator.py prepare_model; utils/operations.py ConvertOutputsToFp32)")
 _TRAINER_OPTIMIZER = Default("optimizer", "adamw", "TrainingArguments.optim is adamw_torch_fused on torch >= 2.8 "
                              "(transformers 5.24 training_args.py, default_optim)")
+
+# TRL's older SFTTrainer, read at the tags of huggingface/trl named in each source. Newest first.
+_TRL_BF16 = Default("precision", "bf16-mixed", "a model named by its id is loaded in float32 (from_pretrained's "
+                    "default) and SFTConfig sets bf16 = not fp16 when unset (trl/trainer/sft_config.py __post_init__, "
+                    "since TRL 0.19)")
+_TRL_CHECKPOINTING = Default("grad_checkpointing", True, "gradient_checkpointing=True (trl/trainer/sft_config.py, "
+                             "since TRL 0.22)")
+_TRL_FP32 = Default("precision", "fp32", "before TRL 0.19 bf16 is TrainingArguments' False and a model named by its id "
+                    "is loaded in float32 (from_pretrained's default): it trains in fp32")
+_TRL_KBIT = ("kbit-fp32", "kbit-bf16-head")
+_TRL_KBIT_SOURCE = ("QLoRA: SFTTrainer calls peft's prepare_model_for_kbit_training (every weight that is not 4-bit "
+                    "cast to fp32), get_peft_model (fp32 adapters), then with bf16=True peft_module_casting_to_bf16, "
+                    "which casts lm_head and embed_tokens back to bf16 and keeps the norms in fp32 (trl v0.13.0-"
+                    "v0.21.0 trl/trainer/sft_trainer.py; trl/trainer/utils.py peft_module_casting_to_bf16); TRL 0.22 "
+                    "stopped calling prepare_model_for_kbit_training")
+_TRL_ACCURACY_SOURCE = ("SFTTrainer.compute_loss reports token accuracy from outputs.logits[..., :-1, :].contiguous(), "
+                        "a copy of the logits made after the loss (trl v0.16.0-v1.5.1 trl/trainer/sft_trainer.py; "
+                        "TRL 1.6 takes the argmax of a view, no copy)")
+_TRL_LOGITS_SOURCE = ("the loss from the model's full logits, as the transformers Trainer computes it: loss_type "
+                      "'nll' is the default before TRL 1.7 (trl/trainer/sft_config.py)")
+_TRL_HISTORY = (
+    Era(VersionRange((1, 7), (1, 15)), "TRL 1.7-1.14", step=("trl-chunks",),
+        sources=("loss_type defaults to 'chunked_nll' (trl v1.7.0 trl/trainer/sft_config.py __post_init__): the "
+                 "trained tokens' hidden states gathered, the loss over 256 of them at a time, each chunk's logits "
+                 "computed in fp32 and checkpointed (trl/trainer/sft_trainer.py _chunked_cross_entropy_loss, _chunk, "
+                 "_CHUNKED_LM_HEAD_CHUNK_SIZE)",)),
+    Era(VersionRange((1, 6), (1, 7)), "TRL 1.6", step=(), sources=(_TRL_LOGITS_SOURCE,)),
+    Era(VersionRange((0, 26), (1, 6)), "TRL 0.26-1.5", step=("accuracy-copy",),
+        sources=(_TRL_LOGITS_SOURCE, _TRL_ACCURACY_SOURCE)),
+    Era(VersionRange((0, 22), (0, 26)), "TRL 0.22-0.25", step=("accuracy-copy",),
+        defaults=(_TRAINER_OPTIMIZER, _TRL_CHECKPOINTING, _TRL_BF16),
+        sources=(_TRL_LOGITS_SOURCE, _TRL_ACCURACY_SOURCE, "QLoRA: adapters stay in fp32 (peft's get_peft_model); "
+                 "the cast of a 4-bit model's trainable parameters to bf16 came in TRL 0.26")),
+    Era(VersionRange((0, 19), (0, 22)), "TRL 0.19-0.21", step=("accuracy-copy",), qlora_step=_TRL_KBIT,
+        defaults=(_TRAINER_OPTIMIZER, _TRL_BF16),
+        sources=(_TRL_LOGITS_SOURCE, _TRL_ACCURACY_SOURCE, _TRL_KBIT_SOURCE, "gradient_checkpointing is "
+                 "TrainingArguments' False before TRL 0.22")),
+    Era(VersionRange((0, 16), (0, 19)), "TRL 0.16-0.18", step=("accuracy-copy",), qlora_step=_TRL_KBIT,
+        defaults=(_TRAINER_OPTIMIZER, _TRL_FP32),
+        sources=(_TRL_LOGITS_SOURCE, _TRL_ACCURACY_SOURCE, _TRL_KBIT_SOURCE)),
+    Era(VersionRange((0, 13), (0, 16)), "TRL 0.13-0.15", step=(), qlora_step=_TRL_KBIT,
+        defaults=(_TRAINER_OPTIMIZER, _TRL_FP32),
+        sources=(_TRL_LOGITS_SOURCE, _TRL_KBIT_SOURCE, "no token accuracy before TRL 0.16 (compute_loss is the "
+                 "Trainer's)")),
+)
 
 RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
     Runner("tunecast", "tunecast", "this version", sources=("step/forward.py, step/setup.py",)),
@@ -73,6 +163,7 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         ),
         sources=(_ACCELERATE, "QLoRA as peft's documentation prepares it: prepare_model_for_kbit_training casts "
                  "every fp16/bf16 parameter that is not Params4bit to fp32 (peft 0.21 src/peft/utils/other.py)"),
+        versions=VersionRange((5, 24)),  # runner_version: the transformers version
     ),
     Runner(
         "trl", "TRL SFTTrainer", "TRL 1.15-1.16",
@@ -90,6 +181,8 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         sources=(_ACCELERATE, "SFTTrainer adds a fused LM head to the model (trl/trainer/utils.py add_fused_lm_head; "
                  "trl/kernels/chunked_logprob.py ChunkedLogProbFunction): TRL 1.7-1.14 computed the loss in "
                  "256-token chunks instead, and earlier versions from full logits"),
+        versions=VersionRange((1, 15)),
+        history=_TRL_HISTORY,
     ),
     Runner(
         "axolotl", "axolotl", "axolotl 0.18",
@@ -104,6 +197,7 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         unmodelled=("the fused LoRA Triton kernels axolotl enables by itself for LoRA and QLoRA on supported "
                     "models (lora_mlp_kernel, lora_qkv_kernel, lora_o_kernel) keep fewer activations than the "
                     "traced peft layers: the estimate is high by that",),
+        versions=VersionRange((0, 18)),
     ),
     Runner(
         "llamafactory", "LLaMA-Factory", "LLaMA-Factory 0.9.6",
@@ -117,6 +211,7 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         ),
         sources=(_ACCELERATE, "QLoRA keeps the weights that are not 4-bit in the model's dtype: "
                  "upcast_layernorm and upcast_lmhead_output default to false (LLaMA-Factory hparams/model_args.py)"),
+        versions=VersionRange((0, 9, 6)),
     ),
     Runner(
         "unsloth", "unsloth", "unsloth 2026.8",
@@ -136,6 +231,7 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
         unmodelled=("unsloth's own Triton kernels (RoPE, RMSNorm, SwiGLU, LoRA MLP) keep fewer activations than "
                     "the traced transformers layers: the estimate is high by that",
                     "the fused cross-entropy's chunks shrink when less than 8 GiB of the GPU is free"),
+        versions=VersionRange((2026, 8)),
     ),
     Runner(
         "torchtune", "torchtune", "torchtune 0.6-0.7",
@@ -155,13 +251,76 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
                  "no autocast: dtype bf16 trains bf16 weights (torchtune training/precision.py)"),
         unmodelled=("QLoRA's NF4 weights are torchao's (same 4 bits per weight as bitsandbytes' NF4, modelled "
                     "alike)",),
+        versions=VersionRange((0, 6)),
     ),
 )}
 
 
+# bitsandbytes, whose 4-bit layers every runner's QLoRA runs (bitsandbytes-foundation/bitsandbytes, read at its tags).
+BITSANDBYTES = Runner(
+    "bitsandbytes", "bitsandbytes", "bitsandbytes 0.43.2 and later",
+    versions=VersionRange((0, 43, 2)),
+    sources=("MatMul4Bit keeps no input for the backward pass (bitsandbytes/autograd/_functions.py; PR #1270, "
+             "commit 9e75374, first released in 0.43.2)",),
+    history=(Era(VersionRange((0, 39), (0, 43, 2)), "bitsandbytes 0.39-0.43.1", qlora_step=("kbit-keeps-input",),
+                 sources=("MatMul4Bit.forward keeps its input A for the backward pass whenever an input needs a "
+                          "gradient (ctx.tensors = (A, B), bitsandbytes 0.43.1 bitsandbytes/autograd/_functions.py), "
+                          "which only grad_A's dequantized weight needs; 4-bit layers (Linear4bit) came in 0.39",)),),
+)
+
+
+class UnknownVersion(ValueError):
+    """A version the entry has no behaviour for: the message says which it knows."""
+
+
+def _resolved(entry: Runner, text: str | None) -> Runner:
+    if text is None:
+        return entry
+    version = parse_version(text)
+    found = entry.at(version) if version is not None else None
+    if found is None:
+        raise UnknownVersion(f"{entry.label} {text} is not one tunecast models: it knows {entry.known()}")
+    return found
+
+
+def runner_entry(spec: RunSpec) -> Runner:
+    """`spec`'s runner as its `runner_version` ran (today's without one). A version the runner does not know raises
+    UnknownVersion (config checks report it first, checks.py)."""
+    return _resolved(RUNNERS[spec.runner], spec.runner_version)
+
+
+def bitsandbytes_entry(spec: RunSpec) -> Runner:
+    """bitsandbytes as `spec.bitsandbytes_version` ran (today's without one)."""
+    return _resolved(BITSANDBYTES, spec.bitsandbytes_version)
+
+
+def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
+    """(key, what is wrong, how to fix) for a version `spec` names that no entry knows; None when all are known."""
+    if spec.runner_version is not None and spec.runner == "tunecast":
+        return ("runner_version", "names a version of another tool, and runner is tunecast (this version's own step)",
+                "set runner to the tool that version is of (trl, hf-trainer, axolotl, …), or remove runner_version")
+    for key, entry, text in (("runner_version", RUNNERS[spec.runner], spec.runner_version),
+                             ("bitsandbytes_version", BITSANDBYTES, spec.bitsandbytes_version)):
+        if text is None:
+            continue
+        if parse_version(text) is None:
+            return key, f"'{text}' is not a version", "write dotted numbers, such as 0.13 or 1.7.1"
+        try:
+            _resolved(entry, text)
+        except UnknownVersion as error:
+            eras = ", ".join(era.label for era in entry.history)
+            return key, str(error), (f"give a version of {entry.known()} ({entry.version}"
+                                     + (f"; older: {eras}" if eras else "") + "), or remove it for today's")
+    return None
+
+
 def runner_defaults(spec: RunSpec) -> dict[str, Any]:
-    """The keys `spec`'s runner sets because the config left them unset."""
-    return {d.key: d.value for d in RUNNERS[spec.runner].defaults if d.applies(spec) and not spec.fixed(d.key)}
+    """The keys `spec`'s runner (at its `runner_version`) sets because the config left them unset."""
+    try:
+        entry = runner_entry(spec)
+    except UnknownVersion:  # reported by the config checks; no defaults from a version nobody knows
+        return {}
+    return {d.key: d.value for d in entry.defaults if d.applies(spec) and not spec.fixed(d.key)}
 
 
 def apply_runner(spec: RunSpec) -> RunSpec:

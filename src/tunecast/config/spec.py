@@ -41,6 +41,9 @@ PlanAllowance = Literal[
     "activation_offload", "chunked_loss", "offload", "fsdp",
 ]
 
+# Keys whose value is text even when it reads as a number (a version): `--set` takes them as written.
+TEXT_KEYS = ("runner_version", "bitsandbytes_version")
+
 PositiveInt = Annotated[int, Field(ge=1)]
 DEFAULT_MICRO_BATCH = 8
 # Upper bounds that only a typo reaches, so that no command is asked to do absurd work (a global batch of
@@ -123,6 +126,11 @@ class LoraSpec(_Section):
     (`autocast_adapter_dtype=True`): every adapted layer then casts its input to fp32 and its adapter output
     back, which costs memory and time. False keeps adapters in the model's dtype, as litgpt and NeMo do.
     Default true."""
+
+    double_quant: bool = True
+    """QLoRA: quantize the 4-bit weights' block constants too (bitsandbytes' `bnb_4bit_use_double_quant`, litgpt's
+    `bnb.nf4-dq`): one byte per 64 weights instead of four (Dettmers et al. 2023, section 3). Default true, as tunecast
+    trains; transformers' own BitsAndBytesConfig leaves it off, litgpt's `bnb.nf4` too."""
 
     modules_to_save: list[str] = Field(default_factory=list, examples=[["lm_head"]])
     """Modules trained in full next to the adapters and saved with them (peft's `modules_to_save`),
@@ -357,6 +365,18 @@ class RunSpec(_Section):
     `llamafactory` (LLaMA-Factory), `unsloth` or `torchtune`, each with its own defaults where this config leaves a
     key unset (docs/runners.md lists every difference and its source). Default `tunecast`."""
 
+    runner_version: str | None = Field(None, examples=["0.13", "1.12"])
+    """The version of the runner's tool whose step and defaults are estimated, where they changed between versions
+    (`0.13` with `runner: trl` is TRL 0.13's step: full fp32 logits, as the transformers Trainer; docs/runners.md lists
+    the versions each runner knows). Written as text: in a YAML file in quotes ('1.10'; unquoted, YAML reads it as the
+    number 1.1); `--set runner_version=1.10` takes it as written. Default: unset, the versions the runner's entry
+    describes (today's, config/runner.py)."""
+
+    bitsandbytes_version: str | None = Field(None, examples=["0.41.1"])
+    """The bitsandbytes whose 4-bit layers a QLoRA estimate follows: before 0.43.2 each one kept its input for the
+    backward pass (config/runner.py BITSANDBYTES). Written as text, like `runner_version`. Default: unset, 0.43.2 and
+    later."""
+
     packing: bool = False
     """Pack several examples into each sequence (no cross-attention between them). Default false, as
     TRL's SFTConfig.packing."""
@@ -430,6 +450,15 @@ class RunSpec(_Section):
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
             return value
         raise ValueError("must be a whole number ≥ 1 or auto")
+
+    @field_validator("runner_version", "bitsandbytes_version", mode="before")
+    @classmethod
+    def _version_text(cls, value: object) -> object:
+        """A version is text: YAML reads an unquoted 1.10 as the number 1.1, another version."""
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            raise ValueError(f"must be written in quotes ('{value}'): unquoted, YAML reads a version as a number, "
+                             "and 1.10 as 1.1")
+        return value
 
     def with_changes(self, changes: Mapping[str, Any]) -> RunSpec:
         """A copy with `changes` (dotted keys, as `--set` takes them: `gpus.strategy`) applied and validated. The keys

@@ -450,7 +450,7 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int) -> None:
     """What the trace cannot see, applied to the traced (or closed-form) step."""
     if spec.method == "qlora":
-        _apply_qlora(step, facts, param_bytes, double_quant=True)
+        _apply_qlora(step, facts, param_bytes, double_quant=spec.lora.double_quant)
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
         _apply_activation_offload(step, layers)
@@ -561,10 +561,11 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
     if traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
-    if spec.runner != "tunecast":
-        from tunecast.step.variants import runner_notes
+    from tunecast.step.variants import runner_notes
 
-        step.notes.extend(runner_notes(spec, device))
+    tool_notes = runner_notes(spec, device)  # another runner's step, or an older bitsandbytes' 4-bit layers
+    if tool_notes:
+        step.notes.extend(tool_notes)
         if closed_form:
             step.notes.append("the closed-form estimate does not run the runner's step: its differences are not in "
                               "these figures")

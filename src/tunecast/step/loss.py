@@ -25,6 +25,9 @@ LOSS_CHUNKS = 8
 TRL_TILE_TOKENS = 4096
 TRL_TILE_VOCAB = 32768
 TORCHTUNE_CHUNKS = 8
+# TRL 1.7-1.14's chunked_nll takes the loss 256 trained tokens at a time (trl/trainer/sft_trainer.py
+# _CHUNKED_LM_HEAD_CHUNK_SIZE).
+TRL_CHUNK_TOKENS = 256
 # unsloth's fused cross-entropy sizes its chunks so that one chunk's fp32 logits take at most min(half the free
 # device memory, 4 GiB) (unsloth_zoo/fused_losses/cross_entropy_loss.py); the trace assumes the 4 GiB.
 UNSLOTH_CHUNK_BYTES = 4 * 2**30
@@ -44,7 +47,7 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
         inputs["position_ids"] = position_ids
-    if any(variant in runner_step for variant in ("fused-head", "fused-head-cpu", "output-chunks")):
+    if any(variant in runner_step for variant in ("fused-head", "fused-head-cpu", "output-chunks", "trl-chunks")):
         return _tool_chunked_loss(model, inputs, labels, num_items, runner_step)
     chunks = LOSS_CHUNKS
     if "fused-chunks" in runner_step:
@@ -64,6 +67,11 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         outputs = model(labels=labels, **inputs)
         if fp32_outputs:
             outputs["logits"] = outputs.logits.float()  # (batch, seq, vocab), dropped with `outputs` on return
+        if "accuracy-copy" in runner_step:
+            # TRL 0.16-1.5's token accuracy: argmax over a contiguous copy of the logits but the last position
+            shifted_logits = outputs.logits[..., :-1, :].contiguous()  # (batch, seq - 1, vocab)
+            predictions = shifted_logits.argmax(dim=-1)
+            del predictions, shifted_logits
         return outputs.loss
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
@@ -95,15 +103,22 @@ def _chunk_loss(head: Any, hidden: torch.Tensor, labels: torch.Tensor, softcap: 
 
 def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor, num_items: torch.Tensor | None,
                        runner_step: tuple[str, ...]) -> torch.Tensor:
-    """TRL's fused LM head (`fused-head`) or torchtune's LinearCrossEntropyLoss (`output-chunks`: the tokens in 8
-    chunks, each chunk's logits upcast for the cross-entropy and kept for the backward pass). Both take only the
-    trained tokens, gathered into a new tensor; traced, every token is trained (the trace's labels)."""
+    """TRL's fused LM head (`fused-head`), TRL 1.7-1.14's chunked loss (`trl-chunks`) or torchtune's
+    LinearCrossEntropyLoss (`output-chunks`: the tokens in 8 chunks, each chunk's logits upcast for the cross-entropy
+    and kept for the backward pass). All take only the trained tokens, gathered into a new tensor; traced, every token
+    is trained (the trace's labels)."""
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = _next_tokens(labels)
     tokens = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
     targets = shifted[:, :-1].reshape(-1)
-    if "fused-head-cpu" in runner_step:
+    if "trl-chunks" in runner_step:
+        total = hidden.new_zeros((), dtype=torch.float32)
+        for first in range(0, tokens.shape[0], TRL_CHUNK_TOKENS):
+            rows = slice(first, first + TRL_CHUNK_TOKENS)
+            loss, _, _ = checkpoint(_trl_chunk, tokens[rows], head.weight, targets[rows], use_reentrant=False)
+            total = total + loss
+    elif "fused-head-cpu" in runner_step:
         total = _trl_head_without_triton(tokens, head.weight, targets)
     elif "fused-head" in runner_step:
         total = FusedHeadLoss.apply(tokens, head.weight, targets)
@@ -116,6 +131,19 @@ def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor,
                 total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX,
                                                 reduction="sum")
     return _per_item(total, shifted, num_items)
+
+
+def _trl_chunk(hidden: torch.Tensor, weight: torch.Tensor,
+               targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk of TRL 1.7-1.14's chunked_nll (trl/trainer/sft_trainer.py `_chunk`): fp32 copies of the chunk's
+    hidden states and of the whole output head, fp32 logits and log-probabilities, and the statistics TRL reports
+    (accuracy, entropy) beside the summed loss."""
+    logits = hidden.float() @ weight.float().t()  # (chunk, vocab)
+    log_p = F.log_softmax(logits, dim=-1)
+    loss = F.nll_loss(log_p, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    correct = (logits.argmax(dim=-1) == targets).sum().float()
+    entropy = -(log_p.exp() * log_p).sum(dim=-1).sum()
+    return loss, correct, entropy
 
 
 def _trl_head_without_triton(tokens: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -81,12 +81,17 @@ def training_config(config_data: dict[str, Any]) -> dict[str, Any]:
 def prepare_for_training(model: Any, settings: Any) -> Any:
     """The causal-LM `model` as it is trained under `settings` (a TraceSettings): every weight trainable
     for `full`, LoRA adapters on frozen weights otherwise, checkpointing when asked, train mode."""
+    variants = getattr(settings, "runner_step", ())
     if settings.method == "full":
         model.requires_grad_(True)
     else:
-        if "kbit-fp32" in getattr(settings, "runner_step", ()):
+        if "kbit-fp32" in variants:
             cast_unquantized_to_fp32(model)
         model = apply_adapters(model, settings.adapters)
+        if "kbit-bf16-head" in variants:
+            cast_head_to_bf16(model)
+        if "kbit-keeps-input" in variants:
+            keep_quantized_inputs(model)
     if settings.grad_checkpointing:
         enable_checkpointing(model)
     model.train()
@@ -102,6 +107,55 @@ def cast_unquantized_to_fp32(model: Any) -> None:
     for parameter in model.parameters():
         if id(parameter) not in quantized and parameter.dtype in (torch.float16, torch.bfloat16):
             parameter.data = parameter.data.to(torch.float32)
+
+
+def cast_head_to_bf16(model: Any) -> None:
+    """TRL's `peft_module_casting_to_bf16` (trl/trainer/utils.py, called with bf16=True before TRL 0.22): after
+    peft's fp32 cast, modules named like an output head or embeddings go back to bf16; norms stay fp32."""
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if (any(part in name for part in ("lm_head", "embed_tokens", "wte", "wpe")) and "norm" not in name
+                and isinstance(weight, torch.Tensor) and weight.dtype == torch.float32):
+            module.to(torch.bfloat16)
+
+
+class _KeepsInput(torch.autograd.Function):  # type: ignore[misc]
+    """A frozen Linear as bitsandbytes' MatMul4Bit ran it before 0.43.2 (bitsandbytes/autograd/_functions.py): its
+    input kept for the backward pass, which needs only the weight. Kept with save_for_backward, so a checkpointed
+    layer keeps nothing, as under the transformers Trainer's reentrant checkpointing, whose forward runs without
+    gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(inputs, weight)
+        return torch.nn.functional.linear(inputs, weight.to(inputs.dtype),
+                                          None if bias is None else bias.to(inputs.dtype))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        _, weight = ctx.saved_tensors
+        return grad @ weight.to(grad.dtype), None, None
+
+
+def _keeping_input(layer: torch.nn.Linear) -> Any:
+    def forward(inputs: torch.Tensor) -> torch.Tensor:
+        # Linear4bit casts its input to its compute dtype (the autocast dtype of a mixed step) before MatMul4Bit,
+        # which keeps that tensor
+        device = inputs.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else layer.weight.dtype
+        with torch.autocast(device, enabled=False):
+            return _KeepsInput.apply(inputs.to(dtype), layer.weight, layer.bias)
+    return forward
+
+
+def keep_quantized_inputs(model: Any) -> None:
+    """Every frozen Linear of the decoder layers (those bitsandbytes makes 4-bit; estimate/memory.py models their NF4
+    bytes) keeps its input for the backward pass, as bitsandbytes before 0.43.2 did. The model's stand-ins only:
+    a real bitsandbytes Linear4bit is left as the installed bitsandbytes runs it."""
+    for block in decoder_layers(model):
+        for layer in block.modules():
+            if type(layer) is torch.nn.Linear and not layer.weight.requires_grad:
+                layer.forward = _keeping_input(layer)
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4,

@@ -4,7 +4,7 @@ variants, with sources: config/runner.py."""
 
 from __future__ import annotations
 
-from tunecast.config.runner import RUNNERS
+from tunecast.config.runner import bitsandbytes_entry, runner_entry
 from tunecast.config.spec import RunSpec
 
 # How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
@@ -26,13 +26,24 @@ STEP_VARIANTS = {
                      "pass (torchtune's LinearCrossEntropyLoss); no full logits",
     "compiled-loss": "the cross-entropy compiled (torch.compile): its backward keeps the logits in their own dtype "
                      "and a log-sum-exp per token, not fp32 log-probabilities, and recomputes the softmax",
+    "trl-chunks": "the loss over the trained tokens' gathered hidden states, 256 tokens at a time, each chunk's "
+                  "logits computed in fp32 from fp32 copies of its hidden states and of the output head, and "
+                  "recomputed in the backward pass (TRL 1.7-1.14's chunked_nll); no full logits",
+    "accuracy-copy": "after the loss, a copy of the logits (as the model returned them) for the token accuracy the "
+                     "trainer reports (TRL 0.16-1.5's compute_loss)",
+    "kbit-bf16-head": "for QLoRA under bf16, the output head and embeddings cast back to bf16 after the fp32 cast, "
+                      "the norms left in fp32 (TRL's peft_module_casting_to_bf16, before TRL 0.22)",
+    "kbit-keeps-input": "for QLoRA, each 4-bit layer keeps its input (in the compute dtype) for the backward pass, "
+                        "outside a checkpointed layer (bitsandbytes' MatMul4Bit before 0.43.2)",
     "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
                     "the backward pass (unsloth's fused cross-entropy); no full logits",
 }
 # Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
-CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss")
+CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss", "trl-chunks")
 # Variants that take the loss from the hidden states themselves (the model returns no logits).
-OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks")
+OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "trl-chunks")
+# Variants that run only where the trainer's bf16=True (or fp16=True) is on: the precisions of MIXED.
+MIXED_ONLY = ("kbit-bf16-head",)
 # Variants a step runs otherwise where its tool finds no GPU kernels: on the CPU (`--device cpu`).
 ON_CPU = {"fused-head": "fused-head-cpu"}
 # Precisions under which a tool built on the transformers Trainer runs accelerate's autocast (bf16=True or
@@ -41,24 +52,35 @@ MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
 
 
 def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
-    """The variants the tracer runs for `spec`'s runner on `device` (none for tunecast's own step)."""
-    runner = RUNNERS[spec.runner]
+    """The variants the tracer runs for `spec`'s runner (at its `runner_version`) on `device`, and for QLoRA those of
+    its `bitsandbytes_version` (none for tunecast's own step with today's bitsandbytes)."""
+    runner = runner_entry(spec)
     chosen = [*runner.step, *(runner.mixed_step if spec.precision in MIXED else ())]
     if device == "cpu":
         chosen = [ON_CPU.get(variant, variant) for variant in chosen]
     if spec.method == "qlora":
-        chosen += runner.qlora_step
+        chosen += [*runner.qlora_step, *bitsandbytes_entry(spec).qlora_step]
+    if spec.precision not in MIXED:
+        chosen = [variant for variant in chosen if variant not in MIXED_ONLY]
     if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy
-        chosen = [variant for variant in chosen if variant != "fp32-outputs"]
-    if spec.compile and not any(v in ("fused-head", "fused-head-cpu", "fused-chunks") for v in chosen):
+        chosen = [variant for variant in chosen if variant not in ("fp32-outputs", "accuracy-copy")]
+    if spec.compile and not any(v in ("fused-head", "fused-head-cpu", "fused-chunks", "trl-chunks") for v in chosen):
         # those hold no logits
         chosen.append("compiled-loss")
     return tuple(dict.fromkeys(chosen))
 
 
 def runner_notes(spec: RunSpec, device: str = "cuda") -> list[str]:
-    """What `spec`'s runner changes in its step on `device`, and what it does that is not traced, for an estimate's
-    notes."""
-    runner = RUNNERS[spec.runner]
-    lines = [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in runner_step(spec, device)]
+    """What `spec`'s runner (at its `runner_version`) changes in its step on `device`, which bitsandbytes a QLoRA
+    step follows, and what is not traced, for an estimate's notes."""
+    runner, bitsandbytes = runner_entry(spec), bitsandbytes_entry(spec)
+    chosen = runner_step(spec, device)
+    lines = []
+    if spec.runner != "tunecast":
+        lines.append(f"runner {runner.label}: the step and defaults of {runner.version}"
+                     + (f" (runner_version {spec.runner_version})" if spec.runner_version is not None else
+                        "; set runner_version for an older version (docs/runners.md)"))
+    lines += [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in chosen
+              if v not in bitsandbytes.qlora_step]
+    lines += [f"{bitsandbytes.version}: {STEP_VARIANTS[v]}" for v in chosen if v in bitsandbytes.qlora_step]
     return lines + [f"runner {runner.label}: not modelled: {text}" for text in runner.unmodelled]

@@ -75,11 +75,13 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, offline: bool, random_all
 
 
 def quantize_for_qlora(model: Any, spec: RunSpec, device: torch.device) -> Any:
-    """QLoRA's base: NF4 decoder Linear weights, double quantization, compute in the run's compute dtype; any width
-    (train/quantize.py turns off bitsandbytes' CPU repacking, which takes only some)."""
+    """QLoRA's base: NF4 decoder Linear weights, with double quantization unless `lora.double_quant` is off, compute
+    in the run's compute dtype; any width (train/quantize.py turns off bitsandbytes' CPU repacking, which takes only
+    some)."""
     from tunecast.train.quantize import quantize_nf4
 
-    return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=True, device=str(device))
+    return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=spec.lora.double_quant,
+                        device=str(device))
 
 
 def _pretrained(name: str, config: Any, dtype: torch.dtype, attention: str, *, offline: str | None = None,
