@@ -46,9 +46,11 @@ SETTINGS: dict[str, dict] = {
     "full": {"method": "full"},
     "qlora": {"method": "qlora"},  # tunecast's own QLoRA step is its LoRA step; a runner's may differ (kbit-fp32)
 }
-# Runners whose step variants a template can hold (step/variants.py: none that chunks the loss). Their templates
-# differ from tunecast's own only where the runner's variants apply (in fp32 none do: those keys are tunecast's).
-TEMPLATED_RUNNERS = ("tunecast", "hf-trainer", "axolotl", "llamafactory")
+# Runners whose step variants a template can hold: their templates differ from tunecast's own only where the
+# runner's variants apply (in fp32 the Trainer's none do: those keys are tunecast's). TRL's, torchtune's and
+# unsloth's losses are composed onto the template of the rest of their step (estimate/compose.py): theirs hold a
+# stand-in for the loss.
+TEMPLATED_RUNNERS = ("tunecast", "hf-trainer", "axolotl", "llamafactory", "trl", "torchtune", "unsloth")
 
 
 def _write(key: str, template: dict) -> None:

@@ -209,7 +209,8 @@ def _seq_ladder() -> Iterator[int]:
 
 
 def _seq_rungs(seq: int, window: int | None) -> list[int]:
-    return _rungs(seq, _seq_ladder(), window)
+    """The length ladder, with the longest length below a sliding window among its rungs."""
+    return _rungs(seq, _seq_ladder(), None if window is None else window - 1)
 
 
 # Reserved (plus allocated) simulated at a ladder shape, by profiles, spec, shape and workspace: every estimate of a
@@ -544,11 +545,13 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         if swept:
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
+        composed = (pair.origin or "").startswith("composed")
     except TracingUnavailable as reason:
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers)
         traced_at = None
+        composed = False
         closed_form = True
     finally:  # the replays made so far are kept, also when the estimate stops (NeedsTrace, Ctrl-C)
         replays.flush()
@@ -559,7 +562,10 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
-    if traced_at is not None:
+    if composed:
+        step.notes.append("the loss traced alone at this shape, in place of its stand-in in the step's template "
+                          "(its chunks follow the length)")
+    elif traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
     from tunecast.step.variants import runner_notes
 

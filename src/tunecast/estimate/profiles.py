@@ -246,18 +246,47 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     key = templates.template_key(config_data, settings, multi, above)
     instance = (templates.cache_path(key), config_text(config_data) + str(settings.adapters.rank))
     if instance in _INSTANTIATED:
-        return _INSTANTIATED[instance]
+        return _composed(_INSTANTIATED[instance], config_data, settings, batch, seq)
     try:
         profiles = templates.instantiate(templates.get_template(config_data, settings, multi, above=above,
                                                                 trace=trace), config_data, settings)
     except templates.NoTemplate:
         return None
     pair = ProfilePair(profiles[0], profiles[-1], num_layers(config_data), None, single=not multi,
-                       longest=None if above else window,
-                       shortest=window + 1 if above and window is not None else None,
+                       longest=None if above or window is None else window - 1,
+                       shortest=window if above else None,
                        origin="template " + instance[0].stem + " " + instance[1])
     _INSTANTIATED[instance] = pair
-    return pair
+    return _composed(pair, config_data, settings, batch, seq)
+
+
+_COMPOSED: dict[tuple[int, TraceSettings, int, int], ProfilePair | None] = {}
+COMPOSED_KEPT = 64
+
+
+def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSettings, batch: int,
+              seq: int) -> ProfilePair | None:
+    """`pair` itself, or for a loss composed onto its template (compose.py) the pair at (batch, seq) with that loss
+    traced alone in place of its stand-in; None where it does not fit there (the step is then traced)."""
+    from tunecast.estimate import compose
+
+    if not compose.composable(settings):
+        return pair
+    key = (id(pair), settings, batch, seq)
+    if key not in _COMPOSED:
+        if len(_COMPOSED) >= COMPOSED_KEPT:
+            _COMPOSED.clear()
+        progress.progress(f"tracing the loss alone at micro-batch {batch} × {seq} tokens")
+        try:
+            profiles = [compose.compose(profile, settings, config_data, batch, seq)
+                        for profile in (pair.shallow, pair.deeper)]
+        except compose.NotComposable:
+            _COMPOSED[key] = None
+        else:
+            origin = f"composed {batch}x{seq} {'-'.join(settings.runner_step)} {pair.origin}"
+            _COMPOSED[key] = ProfilePair(profiles[0], profiles[1], pair.layers, (batch, seq), single=pair.single,
+                                         longest=pair.longest, shortest=pair.shortest, origin=origin)
+    return _COMPOSED[key]
 
 
 def get_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,

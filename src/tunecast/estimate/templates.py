@@ -109,6 +109,7 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
     """What a template depends on: the model's structure (not its dimensions), the settings but the LoRA
     rank, the micro-batch regime, the side of the sliding window, the depths traced and the library
     versions."""
+    settings = template_settings(settings)
     return _KEYS.get((config_digest(config_data), settings, multi, above),
                      lambda: _template_key(config_data, settings, multi, above))
 
@@ -137,10 +138,19 @@ def _template_key(config_data: dict[str, Any], settings: TraceSettings, multi: b
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
+def template_settings(settings: TraceSettings) -> TraceSettings:
+    """The settings whose template serves `settings`: a loss composed onto a template (compose.py) replaced by
+    its stand-in."""
+    from tunecast.estimate.compose import composable, stub_settings
+
+    return stub_settings(settings) if composable(settings) else settings
+
+
 def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
-    """Whether a template may serve this config: a model whose sizes the variables describe, not the chunked
-    loss (its number of chunks depends on the length), and a mixture of experts in bf16 only (in float32
-    weights its step does not run: memory.py refuses it)."""
+    """Whether a template may serve this config: a model whose sizes the variables describe, not a chunked
+    loss (its number of chunks depends on the length) unless it is composed onto the template (compose.py), and a
+    mixture of experts in bf16 only (in float32 weights its step does not run: memory.py refuses it)."""
+    settings = template_settings(settings)
     return _APPLIES.get((config_digest(config_data), settings), lambda: _applies(config_data, settings))
 
 
@@ -400,6 +410,7 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     """Trace the marker model at every depth, read the sizes, and check the reading against a trace at
     the other markers (and another sliding window); the template, or None when a size has no reading or the
     check fails. `above`: the template of lengths above the sliding window."""
+    settings = template_settings(settings)
     config = text_config_data(config_data)
     chosen_markers = symbols.markers(config)
     active = symbols.marker_values(config, chosen_markers, multi=multi)

@@ -544,6 +544,228 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
+# The recorder of the step being traced, for the loss stand-in of a step template (step/loss.py SegmentStub).
+_ACTIVE: _Recorder | None = None
+SEGMENT_MARK = "segment:"  # the category of a RECLASS event (key -1) that marks where a stand-in loss ran
+
+
+@contextmanager
+def _active(recorder: _Recorder) -> Iterator[None]:
+    global _ACTIVE
+    _ACTIVE = recorder
+    try:
+        yield
+    finally:
+        _ACTIVE = None
+
+
+def _key(recorder: _Recorder, tensor: Any) -> int | None:
+    return None if tensor is None else recorder._keys.get(id(tensor.untyped_storage()))
+
+
+def segment_mark(part: str, stub: str, inputs: Any, weight: Any, bias: Any, targets: Any, grad: Any) -> None:
+    """Mark where a stand-in loss runs in the traced step (`part`: its forward or backward pass), with what an
+    estimate needs to trace the real loss in its place (estimate/compose.py): the keys of the tensors it takes,
+    their dtypes, whether the head trains, the autocast in force and the category allocations are counted as."""
+    import json
+
+    import torch
+
+    recorder = _ACTIVE
+    if recorder is None or recorder.closed:
+        return
+    device = weight.device.type
+    info = {"part": part, "stub": stub, "inputs": _key(recorder, inputs), "targets": _key(recorder, targets),
+            "grad": _key(recorder, grad), "category": recorder.category,
+            "inputs_dtype": str(getattr(inputs, "dtype", None)),
+            "weight_dtype": str(weight.dtype), "trains": bool(weight.requires_grad), "bias": bias is not None,
+            "bias_trains": bool(bias is not None and bias.requires_grad),
+            "autocast": str(torch.get_autocast_dtype(device)) if torch.is_autocast_enabled(device) else None}
+    recorder.events.append(Event(RECLASS, -1, category=SEGMENT_MARK + json.dumps(info, sort_keys=True),
+                                 phase=recorder.phase, step=recorder.step))
+
+
+def mark_accumulation(name: str, parameter: Any) -> None:
+    """Mark, once, the events of `parameter`'s gradient accumulation (its AccumulateGrad node and the hooks
+    on it): a composition moves them to where the real loss completes that gradient (compose.py)."""
+    import json
+
+    recorder = _ACTIVE
+    if recorder is None:
+        return
+
+    def mark(part: str) -> None:
+        if not recorder.closed:
+            recorder.events.append(Event(RECLASS, -1, category=SEGMENT_MARK + json.dumps({"part": f"{part}:{name}"}),
+                                         phase=recorder.phase, step=recorder.step))
+
+    def started(grad: Any) -> None:
+        mark("accumulate-start")
+
+    def ended(tensor: Any) -> None:
+        mark("accumulate-end")
+        for handle in handles:
+            handle.remove()
+
+    handles = [parameter.register_hook(started), parameter.register_post_accumulate_grad_hook(ended)]
+
+
+@contextmanager
+def uncounted() -> Iterator[None]:
+    """Operations whose written bytes and kernels the traced step does not count (a stand-in's)."""
+    recorder = _ACTIVE
+    if recorder is None:
+        yield
+        return
+    counting, recorder.counting = recorder.counting, False
+    try:
+        yield
+    finally:
+        recorder.counting = counting
+
+
+def head_called() -> None:
+    """What the output head's forward pre-hook does in a traced step: later allocations are temporaries."""
+    if _ACTIVE is not None:
+        _ACTIVE.category = "temporaries"
+
+
+@dataclass(frozen=True)
+class SegmentTrace:
+    """A loss traced alone (trace_segment): its events in each pass, keyed by its own recorder."""
+
+    forward: list[Event]
+    deferred: list[Event]  # frees as the forward pass leaves autocast (its cache of cast weights)
+    backward: list[Event]
+    result: int  # key of the summed loss the forward pass returns
+    grads: tuple[int | None, ...]  # keys of the gradients it returns: the inputs', the head weight's and bias'
+    accumulated: dict[str, int]  # where (an index into backward) the head's weight and bias gradients are complete
+    views: dict[str, bool]  # whether each gradient it returns is a view (autograd sums a view out of place)
+    externals: dict[int, str]  # keys of tensors the step holds outside the loss: "inputs", "targets", "grad"
+    sums: dict[str, float]  # the figures trace_step sums over a counted pass (bytes written and moved, kernels)
+
+
+def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
+                  hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
+                  autocast: str | None, category: str, backward_category: str, softcap: float | None,
+                  compiled: bool) -> SegmentTrace:
+    """Trace the loss `variant` (step/loss.py SEGMENT_LOSSES) alone on fake tensors of the real size, as it runs
+    in a traced step: its inputs held by the step, its result's gradient made by the step's backward pass."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return _trace_segment(variant, inputs_shape, inputs_dtype, targets_shape, hidden, vocab, weight_dtype,
+                              trains, bias, bias_trains, autocast, category, backward_category, softcap, compiled)
+
+
+def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
+                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
+                   autocast: str | None, category: str, backward_category: str, softcap: float | None,
+                   compiled: bool) -> SegmentTrace:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunecast.step.loss import segment_total
+
+    def dtype(name: str) -> Any:
+        return getattr(torch, name.removeprefix("torch."))
+
+    cast = dtype(autocast) if autocast is not None else None
+    recorder = _Recorder()
+    mode = FakeTensorMode()
+    with mode, _no_gc():
+        head = torch.nn.Linear(hidden, vocab, bias=bias, dtype=dtype(weight_dtype))
+        head.weight.requires_grad_(trains)
+        if head.bias is not None:
+            head.bias.requires_grad_(bias_trains)
+        head.register_forward_pre_hook(lambda module, args: setattr(recorder, "category", "temporaries"))
+        base = torch.empty(inputs_shape, dtype=dtype(inputs_dtype), requires_grad=True)
+        for tensor in (head.weight, head.bias, base):  # the step's tensors: views of them allocate nothing
+            if tensor is not None:
+                recorder.track(tensor)
+        recorder.phase, recorder.category = "forward", category
+        with _dispatch_mode(recorder):
+            inputs = base.clone()  # the step's tensors: their allocation is the step's, their free may be the loss's
+            # the step's targets: for the hidden states, its shifted labels, a view past the first of b × (s + 1)
+            targets = torch.zeros(targets_shape, dtype=torch.long) if len(targets_shape) == 1 else \
+                torch.zeros((targets_shape[0], targets_shape[1] + 1), dtype=torch.long)[:, 1:]
+        externals: dict[int, str] = {_key(recorder, inputs): "inputs", _key(recorder, targets): "targets"}  # type: ignore[dict-item]
+        start = len(recorder.events)
+        with _dispatch_mode(recorder), torch.autocast("cpu", dtype=cast, enabled=cast is not None):
+            recorder.counting = True
+            result = segment_total(variant, inputs, head, targets, softcap, compiled=compiled)
+            recorder.counting = False
+            forward_end = len(recorder.events)
+        deferred_end = len(recorder.events)
+        result_key = _key(recorder, result)
+        root = result * 2.0  # untracked: what the step does with the loss; its backward makes the loss's gradient
+        wanted = {"inputs": inputs, **({"weight": head.weight} if trains else {}),
+                  **({"bias": head.bias} if bias_trains else {})}
+        captured: dict[str, int | None] = {}
+        at: dict[str, int] = {}
+        views: dict[str, bool] = {}
+        bounds = {"start": 0, "end": 0, "wanted": len(wanted)}
+
+        def grad_in(grad: Any) -> None:
+            externals[_key(recorder, grad)] = "grad"  # type: ignore[index]
+            bounds["start"] = len(recorder.events)
+            recorder.counting = True
+
+        def grad_out(name: str) -> Callable[[Any], None]:
+            def hook(grad: Any) -> None:
+                captured[name] = _key(recorder, grad)
+                at[name] = len(recorder.events)
+                views[name] = bool(grad._is_view())
+                if len(captured) == bounds["wanted"] and not bounds["end"]:
+                    bounds["end"] = len(recorder.events)
+                    recorder.counting = False
+            return hook
+
+        handles = [result.register_hook(grad_in), *(tensor.register_hook(grad_out(name))
+                                                     for name, tensor in wanted.items())]
+        del inputs, targets, result, wanted
+        recorder.phase, recorder.category = "backward", backward_category
+        with _dispatch_mode(recorder), _sums_in_place(root, recorder):
+            root.backward()
+        events = recorder.close()
+        for handle in handles:
+            handle.remove()
+        sums = {name: float(getattr(recorder, name)) for name in SUMMED}
+    return SegmentTrace(events[start:forward_end], [e for e in events[forward_end:deferred_end] if e.kind == FREE],
+                        events[bounds["start"]:bounds["end"]], int(result_key),  # type: ignore[arg-type]
+                        (captured.get("inputs"), captured.get("weight"), captured.get("bias")),
+                        {name: index - bounds["start"] for name, index in at.items() if name != "inputs"}, views,
+                        externals, sums)
+
+
+def segment_flops(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
+                  hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, autocast: str | None,
+                  softcap: float | None, compiled: bool) -> dict[str, float]:
+    """The matmul and attention FLOPs of the loss `variant`'s forward and backward pass at that size (a pass of
+    its own under FlopCounterMode, as trace_step counts a step's)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tunecast.step.loss import segment_total
+
+    def dtype(name: str) -> Any:
+        return getattr(torch, name.removeprefix("torch."))
+
+    cast = dtype(autocast) if autocast is not None else None
+    counter = FlopCounterMode(display=False)
+    with warnings.catch_warnings(), FakeTensorMode(), _no_gc():
+        warnings.simplefilter("ignore")
+        head = torch.nn.Linear(hidden, vocab, bias=bias, dtype=dtype(weight_dtype))
+        head.weight.requires_grad_(trains)
+        inputs = torch.empty(inputs_shape, dtype=dtype(inputs_dtype), requires_grad=True)
+        with counter:
+            with torch.autocast("cpu", dtype=cast, enabled=cast is not None):
+                loss = segment_total(variant, inputs, head, torch.zeros(targets_shape, dtype=torch.long), softcap,
+                                     compiled=compiled)
+            loss.backward()
+    return _split_flops(counter)
+
+
 def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
                count_flops: bool = True, reader: Callable[[int], Any] | None = None) -> Trace:
     """Two training steps of `config_data`'s model at micro-batch `batch`, length `seq`; with `count_flops`
@@ -633,7 +855,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
 
     try:
         with mode, _as_on_real_tensors(), _no_gc():
-            with _dispatch_mode(recorder):
+            with _dispatch_mode(recorder), _active(recorder):
                 recorder.category = "activations"
                 input_ids = torch.zeros((batch, seq), dtype=torch.long)
                 labels = torch.zeros((batch, seq), dtype=torch.long)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tunecast.step.setup import decoder_and_head
+from tunecast.step.variants import SEGMENT_LOSSES, STUB_CALLS_HEAD, STUB_INPUTS, STUBS
 
 IGNORE_INDEX = -100
 LOSS_CHUNKS = 8
@@ -47,13 +48,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
         inputs["attention_mask"] = attention_mask
     if position_ids is not None:
         inputs["position_ids"] = position_ids
-    if any(variant in runner_step for variant in ("fused-head", "fused-head-cpu", "output-chunks", "trl-chunks")):
-        return _tool_chunked_loss(model, inputs, labels, num_items, runner_step)
-    chunks = LOSS_CHUNKS
-    if "fused-chunks" in runner_step:
-        chunked = True
-        vocab = int(decoder_and_head(model)[1].weight.shape[0])
-        chunks = max(1, -(-input_ids.numel() * vocab * 4 // UNSLOTH_CHUNK_BYTES))
+    if any(variant in runner_step for variant in (*SEGMENT_LOSSES, *STUBS.values(), "fused-head-cpu")):
+        return _own_loss(model, inputs, labels, num_items, runner_step)
     if not chunked and "compiled-loss" in runner_step:
         outputs = model(**inputs)
         logits = outputs.logits  # (batch, seq, vocab): the model's own, kept for the backward pass
@@ -77,10 +73,16 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = _next_tokens(labels)
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
+    return _per_item(_chunked_total(hidden, head, shifted, LOSS_CHUNKS, softcap), shifted, num_items)
+
+
+def _chunked_total(hidden: torch.Tensor, head: Any, shifted: torch.Tensor, chunks: int,
+                   softcap: float | None) -> torch.Tensor:
+    """The summed loss of `chunks` chunks along the sequence, each chunk's logits recomputed in the backward pass."""
     total = hidden.new_zeros((), dtype=torch.float32)
     for hidden_chunk, label_chunk in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
-    return _per_item(total, shifted, num_items)
+    return total
 
 
 def _next_tokens(labels: torch.Tensor) -> torch.Tensor:
@@ -101,36 +103,95 @@ def _chunk_loss(head: Any, hidden: torch.Tensor, labels: torch.Tensor, softcap: 
     return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
 
 
-def _tool_chunked_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor, num_items: torch.Tensor | None,
-                       runner_step: tuple[str, ...]) -> torch.Tensor:
-    """TRL's fused LM head (`fused-head`), TRL 1.7-1.14's chunked loss (`trl-chunks`) or torchtune's
-    LinearCrossEntropyLoss (`output-chunks`: the tokens in 8 chunks, each chunk's logits upcast for the cross-entropy
-    and kept for the backward pass). All take only the trained tokens, gathered into a new tensor; traced, every token
-    is trained (the trace's labels)."""
+def _own_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor, num_items: torch.Tensor | None,
+              runner_step: tuple[str, ...]) -> torch.Tensor:
+    """A loss another tool takes from the hidden states itself (the model returns no logits): TRL's fused LM head
+    (`fused-head`), TRL 1.7-1.14's chunked loss (`trl-chunks`) and torchtune's LinearCrossEntropyLoss
+    (`output-chunks`) over the trained tokens, gathered into a new tensor (traced, every token is trained: the
+    trace's labels); unsloth's fused cross-entropy (`fused-chunks`) over the hidden states as they are. Where
+    `runner_step` names a stub of SegmentStub instead, the loss is a stand-in the estimator replaces with a
+    trace of the loss alone (estimate/compose.py)."""
     decoder, head = decoder_and_head(model)
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = _next_tokens(labels)
-    tokens = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
-    targets = shifted[:, :-1].reshape(-1)
-    if "trl-chunks" in runner_step:
-        total = hidden.new_zeros((), dtype=torch.float32)
-        for first in range(0, tokens.shape[0], TRL_CHUNK_TOKENS):
-            rows = slice(first, first + TRL_CHUNK_TOKENS)
-            loss, _, _ = checkpoint(_trl_chunk, tokens[rows], head.weight, targets[rows], use_reentrant=False)
-            total = total + loss
-    elif "fused-head-cpu" in runner_step:
-        total = _trl_head_without_triton(tokens, head.weight, targets)
-    elif "fused-head" in runner_step:
-        total = FusedHeadLoss.apply(tokens, head.weight, targets)
+    softcap = getattr(decoder.config, "final_logit_softcapping", None)
+    stub = next((v for v in runner_step if v in STUB_INPUTS), None)
+    variant = next((v for v in runner_step if v in (*SEGMENT_LOSSES, "fused-head-cpu")), None)
+    if (stub and STUB_INPUTS[stub] == "hidden") or variant == "fused-chunks":
+        inputs_, targets = hidden, shifted
     else:
-        total = hidden.new_zeros((), dtype=torch.float32)
-        for chunk, target in zip(tokens.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
-            if "compiled-loss" in runner_step:  # torchtune compiles each chunk's cross-entropy
-                total = total + CompiledCrossEntropy.apply(head(chunk), target)
-            else:
-                total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX,
-                                                reduction="sum")
+        inputs_ = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # (trained tokens, hidden): a gathered copy
+        targets = shifted[:, :-1].reshape(-1)
+    if stub is not None:
+        total = SegmentStub.apply(inputs_, head.weight, head.bias, targets, stub)
+    elif variant == "fused-head-cpu":
+        total = _trl_head_without_triton(inputs_, head.weight, targets)
+    else:
+        total = segment_total(str(variant), inputs_, head, targets, softcap, compiled="compiled-loss" in runner_step)
     return _per_item(total, shifted, num_items)
+
+
+def segment_total(variant: str, inputs: torch.Tensor, head: Any, targets: torch.Tensor, softcap: float | None, *,
+                  compiled: bool = False) -> torch.Tensor:
+    """The summed loss of `variant` (one of SEGMENT_LOSSES) over `inputs` (the trained tokens' hidden states, or
+    the hidden states for `fused-chunks`) and their `targets`: the part of the step a template cannot hold.
+    `compiled`: torchtune's chunks' cross-entropy under torch.compile (`compiled-loss`)."""
+    if variant == "fused-chunks":
+        vocab = int(head.weight.shape[0])
+        chunks = max(1, -(-inputs.shape[0] * inputs.shape[1] * vocab * 4 // UNSLOTH_CHUNK_BYTES))
+        return _chunked_total(inputs, head, targets, chunks, softcap)
+    if variant == "fused-head":
+        return FusedHeadLoss.apply(inputs, head.weight, targets)
+    total = inputs.new_zeros((), dtype=torch.float32)
+    if variant == "trl-chunks":
+        for first in range(0, inputs.shape[0], TRL_CHUNK_TOKENS):
+            rows = slice(first, first + TRL_CHUNK_TOKENS)
+            loss, _, _ = checkpoint(_trl_chunk, inputs[rows], head.weight, targets[rows], use_reentrant=False)
+            total = total + loss
+        return total
+    for chunk, target in zip(inputs.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
+        if compiled:  # torchtune compiles each chunk's cross-entropy
+            total = total + CompiledCrossEntropy.apply(head(chunk), target)
+        else:
+            total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return total
+
+
+class SegmentStub(torch.autograd.Function):  # type: ignore[misc]
+    """A stand-in for a loss of SEGMENT_LOSSES in a step template: it marks where the loss runs in each pass
+    (tracer.segment_mark) and returns a summed loss and its inputs' gradients of the real ones' sizes, allocated where
+    the tracer does not count them. It keeps none of its inputs: which the loss keeps for its backward pass, and
+    where it frees them, its trace says. An estimate
+    replaces each mark with a trace of the loss alone at the real size (estimate/compose.py)."""
+
+    @staticmethod
+    def forward(ctx: Any, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, stub: str) -> torch.Tensor:
+        from tunecast.estimate import tracer
+
+        ctx.inputs = (inputs.shape, inputs.dtype, inputs.device)  # kept by the loss or not: its trace says
+        ctx.weight, ctx.bias = weight, bias
+        tracer.segment_mark("forward", stub, inputs, weight, bias, targets, None)
+        for name, tensor in (("weight", weight), ("bias", bias)):
+            if tensor is not None and tensor.requires_grad:
+                tracer.mark_accumulation(name, tensor)
+        with tracer.uncounted():
+            out = inputs.new_zeros((), dtype=torch.float32)
+        if stub in STUB_CALLS_HEAD:
+            tracer.head_called()
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from tunecast.estimate import tracer
+
+        shape, dtype, device = ctx.inputs
+        tracer.segment_mark("backward", "", None, ctx.weight, ctx.bias, None, grad)
+        with tracer.uncounted():
+            grads = (torch.zeros(shape, dtype=dtype, device=device),
+                     torch.zeros_like(ctx.weight) if ctx.needs_input_grad[1] else None,
+                     torch.zeros_like(ctx.bias) if ctx.needs_input_grad[2] else None)
+        return (*grads, None, None)
 
 
 def _trl_chunk(hidden: torch.Tensor, weight: torch.Tensor,

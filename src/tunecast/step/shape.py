@@ -53,10 +53,12 @@ def has_experts(data: dict[str, Any]) -> bool:
 
 
 def sliding_window_offset(data: dict[str, Any], seq: int) -> int:
-    """0 below a sliding window; the window above it (attention masks differ on either side, so the
-    fitting shapes must lie on the same side as the length asked for)."""
+    """0 below a sliding window; the window at and above it (attention masks differ on either side, so the
+    fitting shapes must lie on the same side as the length asked for). At the window's own length transformers
+    already builds the sliding mask (masking_utils `_ignore_causal_mask_sdpa` skips it only while the keys are
+    fewer than the window)."""
     window = sliding_window(data)
-    return window if window is not None and seq > window else 0
+    return window if window is not None and seq >= window else 0
 
 
 def num_layers(data: dict[str, Any]) -> int:

@@ -40,6 +40,14 @@ STEP_VARIANTS = {
 }
 # Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
 CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss", "trl-chunks")
+# The losses an estimate composes onto a template of the rest of the step (estimate/compose.py), and the stand-in
+# each is templated with: what it takes (the gathered trained tokens, or the hidden states), and whether it calls the
+# output head as a module (which makes what follows temporaries, as the tracer counts them).
+SEGMENT_LOSSES = ("fused-head", "trl-chunks", "output-chunks", "fused-chunks")
+STUBS = {"fused-head": "stub-tokens", "trl-chunks": "stub-tokens", "output-chunks": "stub-tokens-head",
+         "fused-chunks": "stub-hidden-head"}
+STUB_INPUTS = {"stub-tokens": "tokens", "stub-tokens-head": "tokens", "stub-hidden-head": "hidden"}
+STUB_CALLS_HEAD = ("stub-tokens-head", "stub-hidden-head")
 # Variants that take the loss from the hidden states themselves (the model returns no logits).
 OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "trl-chunks")
 # Variants that run only where the trainer's bf16=True (or fp16=True) is on: the precisions of MIXED.

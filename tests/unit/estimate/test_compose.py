@@ -1,0 +1,55 @@
+"""Steps whose loss is composed onto a template (compose.py) against direct traces of those steps: event by event."""
+
+from __future__ import annotations
+
+import pytest
+from tests.unit.estimate.test_templates import assert_exact, config
+
+from tunecast.config.runner import apply_runner
+from tunecast.config.spec import RunSpec
+from tunecast.estimate import compose, profiles
+from tunecast.step.settings import TraceSettings
+
+
+def _settings(runner: str, method: str, version: str | None = None) -> TraceSettings:
+    spec = apply_runner(RunSpec.model_validate({"model": "x", "runner": runner, "method": method,
+                                                "runner_version": version, "lora": {"dropout": 0.05}}))
+    return TraceSettings.from_spec(spec)
+
+
+@pytest.mark.parametrize("runner, version, method, name, batch, seq", [
+    # TRL's fused head under autocast; tied embeddings whose head trains (full); QLoRA's casts
+    ("trl", None, "lora", "Qwen/Qwen3-0.6B", 2, 64),
+    ("trl", None, "full", "Qwen/Qwen3-0.6B", 1, 48),
+    ("trl", None, "qlora", "meta-llama/Llama-2-7b-hf", 2, 40),
+    ("trl", "1.10", "lora", "meta-llama/Llama-2-7b-hf", 2, 40),  # 256-token chunks, each recomputed
+    # torchtune's 8 chunks: no autocast; full fine-tuning steps the optimizer in the backward pass
+    ("torchtune", None, "lora", "Qwen/Qwen2.5-0.5B", 2, 40),
+    ("torchtune", None, "full", "mistralai/Mistral-7B-v0.1", 2, 40),
+    # unsloth's chunks over the hidden states themselves, soft-capped logits
+    ("unsloth", None, "lora", "google/gemma-2-2b", 2, 40),
+    ("unsloth", None, "lora", "meta-llama/Llama-2-7b-hf", 1, 48),
+])
+def test_a_composed_step_equals_a_trace_of_that_runner_s_step(runner: str, version: str | None, method: str,
+                                                               name: str, batch: int, seq: int) -> None:
+    settings = _settings(runner, method, version)
+    assert compose.composable(settings), "the runner's loss is not composed: this would test nothing new"
+    data = config(name, layers=4)
+    pair = profiles.templated_profiles(data, settings, batch, seq)
+    assert pair is not None and pair.exact_shape == (batch, seq) and (pair.origin or "").startswith("composed")
+    assert_exact(data, settings, batch, seq)
+
+
+def test_a_loss_whose_gradient_is_a_view_is_traced_instead() -> None:
+    """unsloth's loss in one chunk returns F.linear's transposed weight gradient, which autograd sums with the tied
+    embedding's out of place where the stand-in's is summed in place: no composition serves it."""
+    settings = _settings("unsloth", "full")
+    data = config("google/gemma-2-2b", layers=4)
+    assert profiles.templated_profiles(data, settings, 1, 48) is None
+
+
+def test_a_template_at_the_sliding_window_s_own_length_equals_a_trace() -> None:
+    """At the window's length transformers already builds the sliding mask: the template above the window serves
+    it."""
+    data = {**config("mistralai/Mistral-7B-v0.1", layers=4), "sliding_window": 48}
+    assert_exact(data, _settings("tunecast", "lora"), 2, 48)
