@@ -71,7 +71,8 @@ def _summary(loaded: LoadedSpec) -> list[tuple[str, str]]:
     spec, model = loaded.spec, loaded.model
     params = f", {format_params(model.params)} parameters" if model.params else ""
     rows = [("model", f"{model.name} ({model.origin}: {model.model_type}{params})")]
-    method = spec.method
+    method = spec.method + (" on an 8-bit base (LLM.int8)" if spec.method == "qlora" and spec.quantization.bits == 8
+                            else "")
     if spec.method != "full":
         targets = spec.lora.targets if isinstance(spec.lora.targets, str) else ",".join(spec.lora.targets)
         method += f" (rank {spec.lora.rank}, alpha {spec.lora.alpha}, {targets}{', DoRA' if spec.lora.dora else ''})"

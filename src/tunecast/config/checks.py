@@ -66,8 +66,9 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
         add("compile", "tunecast's own loop runs eager: a compiled step is estimated for another runner",
             "set runner to the tool that compiles (torchtune, hf-trainer, trl, axolotl, llamafactory), or compile: "
             "false")
+    _quantization_problems(spec, add)
     if spec.method == "qlora" and spec.precision == "fp8":
-        add("precision", "fp8 matmuls cannot run on 4-bit QLoRA weights",
+        add("precision", f"fp8 matmuls cannot run on QLoRA's {spec.quantization.bits}-bit weights",
             "use precision bf16 with qlora, or method lora with fp8")
     if spec.attention == "flash" and spec.precision == "fp32":
         add("attention", "flash attention runs in bf16 or fp16 only, not with precision fp32",
@@ -87,6 +88,19 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
     return problems
 
 
+def _quantization_problems(spec: RunSpec, add: Callable[..., None]) -> None:
+    """An 8-bit base belongs to QLoRA (4, the default, is what `method: qlora` means alone), and the 4-bit settings
+    to 4-bit weights."""
+    bits = spec.quantization.bits
+    if bits == 8 and spec.method != "qlora":
+        add("quantization.bits", f"8 quantizes QLoRA's frozen base weights, and method is {spec.method}",
+            "set method: qlora for adapters on the 8-bit base, or remove quantization.bits")
+    if bits == 8 and spec.fixed("lora.double_quant"):
+        add("lora.double_quant", "quantizes the block constants of 4-bit NF4 weights, and quantization.bits is 8 "
+            "(LLM.int8 keeps one fp32 scale per output row, which nothing quantizes again)",
+            "remove lora.double_quant, or set quantization.bits: 4")
+
+
 def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = None) -> list[Problem]:
     """What tunecast's own loop cannot do over several processes. `validate` asks with gpus.count, the run itself
     (train/session.py) with its real number of processes, so that both refuse the same runs before anything
@@ -102,9 +116,10 @@ def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = 
         add("loss", f"chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to "
             f"see ({processes} processes)", "use loss: standard with several GPUs, or train on one")
     if spec.method == "qlora" and spec.gpus.strategy != "ddp":
-        add("gpus.strategy", f"QLoRA's 4-bit weights cannot be sharded by {STRATEGY_ENGINES[spec.gpus.strategy]} "
-            f"({processes} processes)", "use gpus.strategy: ddp for QLoRA (each GPU holds the 4-bit base), or "
-            "method: lora with fsdp")
+        bits = spec.quantization.bits
+        add("gpus.strategy", f"QLoRA's {bits}-bit weights cannot be sharded by "
+            f"{STRATEGY_ENGINES[spec.gpus.strategy]} ({processes} processes)",
+            f"use gpus.strategy: ddp for QLoRA (each GPU holds the {bits}-bit base), or method: lora with fsdp")
     if spec.optimizer_in_backward:
         add("optimizer_in_backward", "steps each parameter inside the backward pass, before its gradient is averaged "
             f"over the {processes} processes", "set optimizer_in_backward: false with several GPUs, or train on one")

@@ -15,8 +15,8 @@ read; docs/runners.md lists them, with the research behind them in docs/research
 * its history (`history`): older versions of the tool whose step or defaults differ from the entry's, each with its
   version range and sources. `runner_version` picks one (`runner_entry`); unset, the entry itself (today's) counts.
 
-bitsandbytes is no runner, but every runner's QLoRA runs its 4-bit layers: `bitsandbytes_version` picks an older
-behaviour of those the same way (BITSANDBYTES).
+bitsandbytes is no runner, but every runner's QLoRA runs its quantized layers: `bitsandbytes_version` picks an older
+behaviour of those the same way (BITSANDBYTES for 4-bit layers, BITSANDBYTES_INT8 for 8-bit ones).
 
 `tunecast` is the runner tunecast trains with; the others are for estimates (`memory`, `plan`, `train --dry-run`).
 """
@@ -175,8 +175,9 @@ RUNNERS: dict[str, Runner] = {runner.name: runner for runner in (
             Default("precision", "bf16-mixed", "a model named by its id is loaded in float32 (trl/trainer/utils.py, "
                     "create_model_from_path: dtype float32) and bf16=True is the default (trl/trainer/"
                     "base_config.py)"),
-            Default("lora.fp32_adapters", False, "a 4-bit model's trainable parameters are cast to bf16 "
-                    "(trl/trainer/sft_trainer.py, after get_peft_model)", methods=("qlora",)),
+            Default("lora.fp32_adapters", False, "a 4-bit or 8-bit model's trainable parameters are cast to bf16 "
+                    "(trl/trainer/sft_trainer.py, after get_peft_model: is_loaded_in_4bit or is_loaded_in_8bit)",
+                    methods=("qlora",)),
         ),
         sources=(_ACCELERATE, "SFTTrainer adds a fused LM head to the model (trl/trainer/utils.py add_fused_lm_head; "
                  "trl/kernels/chunked_logprob.py ChunkedLogProbFunction): TRL 1.7-1.14 computed the loss in "
@@ -268,6 +269,19 @@ BITSANDBYTES = Runner(
                           "which only grad_A's dequantized weight needs; 4-bit layers (Linear4bit) came in 0.39",)),),
 )
 
+# bitsandbytes' 8-bit layers (LLM.int8, Linear8bitLt), which a QLoRA run with quantization.bits 8 trains on; read in
+# the installed bitsandbytes 0.50.2 only, so no older behaviour is known.
+BITSANDBYTES_INT8 = Runner(
+    "bitsandbytes-int8", "bitsandbytes LLM.int8", "bitsandbytes 0.50 and later (8-bit layers)",
+    versions=VersionRange((0, 50)), qlora_step=("int8-keeps-input",),
+    sources=("MatMul8bitLt.forward keeps its input A as ctx.tensors = (CAt, subA, A) whenever an input needs a "
+             "gradient, a ctx attribute rather than save_for_backward, so non-reentrant checkpointing does not free "
+             "it; MatMul8bitFp (the CPU path in training) keeps ctx.A = A alike (bitsandbytes 0.50.2 "
+             "bitsandbytes/autograd/_functions.py)",),
+)
+
+_BITSANDBYTES_BY_BITS = {4: BITSANDBYTES, 8: BITSANDBYTES_INT8}
+
 
 class UnknownVersion(ValueError):
     """A version the entry has no behaviour for: the message says which it knows."""
@@ -290,8 +304,8 @@ def runner_entry(spec: RunSpec) -> Runner:
 
 
 def bitsandbytes_entry(spec: RunSpec) -> Runner:
-    """bitsandbytes as `spec.bitsandbytes_version` ran (today's without one)."""
-    return _resolved(BITSANDBYTES, spec.bitsandbytes_version)
+    """bitsandbytes' layers of `spec.quantization.bits` as `spec.bitsandbytes_version` ran (today's without one)."""
+    return _resolved(_BITSANDBYTES_BY_BITS[spec.quantization.bits], spec.bitsandbytes_version)
 
 
 def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
@@ -300,7 +314,8 @@ def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
         return ("runner_version", "names a version of another tool, and runner is tunecast (this version's own step)",
                 "set runner to the tool that version is of (trl, hf-trainer, axolotl, …), or remove runner_version")
     for key, entry, text in (("runner_version", RUNNERS[spec.runner], spec.runner_version),
-                             ("bitsandbytes_version", BITSANDBYTES, spec.bitsandbytes_version)):
+                             ("bitsandbytes_version", _BITSANDBYTES_BY_BITS[spec.quantization.bits],
+                              spec.bitsandbytes_version)):
         if text is None:
             continue
         if parse_version(text) is None:

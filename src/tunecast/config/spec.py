@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Method = Literal["full", "lora", "qlora"]
+# Bits per frozen base weight of a QLoRA-like run: bitsandbytes' NF4 (Linear4bit) or LLM.int8 (Linear8bitLt).
+QuantBits = Literal[4, 8]
 Precision = Literal["bf16", "bf16-mixed", "fp16-mixed", "fp32", "fp8"]
 Optimizer = Literal["adamw", "adamw-foreach", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "sgd", "adafactor"]
 # torch's own AdamW kernels (fused and multi-tensor): two states per parameter, traced as they run
@@ -128,7 +130,7 @@ class LoraSpec(_Section):
     Default true."""
 
     double_quant: bool = True
-    """QLoRA: quantize the 4-bit weights' block constants too (bitsandbytes' `bnb_4bit_use_double_quant`, litgpt's
+    """QLoRA on 4-bit weights: quantize their block constants too (bitsandbytes' `bnb_4bit_use_double_quant`, litgpt's
     `bnb.nf4-dq`): one byte per 64 weights instead of four (Dettmers et al. 2023, section 3). Default true, as tunecast
     trains; transformers' own BitsAndBytesConfig leaves it off, litgpt's `bnb.nf4` too."""
 
@@ -150,6 +152,15 @@ class LoraSpec(_Section):
     @classmethod
     def _modules(cls, value: object) -> object:
         return _name_list(value, "a list of module names (lm_head, embed_tokens, …)")
+
+
+class QuantizationSpec(_Section):
+    """How the frozen base weights of `method: qlora` are quantized (bitsandbytes)."""
+
+    bits: QuantBits = Field(4, examples=[8])
+    """Bits per frozen base weight: 4 (NF4, bitsandbytes' Linear4bit, the QLoRA paper's) or 8 (LLM.int8,
+    bitsandbytes' Linear8bitLt: one int8 per weight and one fp32 scale per output row; what `load_in_8bit: true`
+    loads in axolotl and TRL, and `quantization_bit: 8` in LLaMA-Factory). 8 needs `method: qlora`. Default 4."""
 
 
 class DatasetSpec(_Section):
@@ -301,10 +312,13 @@ class RunSpec(_Section):
 
     method: Method = "lora"
     """`full` (every weight trained), `lora` (adapters on frozen weights), or `qlora` (adapters on
-    4-bit NF4 weights). Default `lora`."""
+    quantized frozen weights: 4-bit NF4, or 8-bit LLM.int8 with `quantization.bits: 8`). Default `lora`."""
 
     lora: LoraSpec = Field(default_factory=LoraSpec)
     """LoRA adapter settings; ignored by `method: full`."""
+
+    quantization: QuantizationSpec = Field(default_factory=QuantizationSpec)
+    """How QLoRA's frozen base weights are quantized; for `method: qlora` only."""
 
     precision: Precision = "bf16"
     """`bf16` (weights, gradients and optimizer states in bf16, as when a model is loaded in bf16 and
@@ -373,9 +387,9 @@ class RunSpec(_Section):
     describes (today's, config/runner.py)."""
 
     bitsandbytes_version: str | None = Field(None, examples=["0.41.1"])
-    """The bitsandbytes whose 4-bit layers a QLoRA estimate follows: before 0.43.2 each one kept its input for the
-    backward pass (config/runner.py BITSANDBYTES). Written as text, like `runner_version`. Default: unset, 0.43.2 and
-    later."""
+    """The bitsandbytes whose quantized layers a QLoRA estimate follows: before 0.43.2 each 4-bit one kept its input
+    for the backward pass (config/runner.py BITSANDBYTES); the 8-bit layers are known from 0.50 (BITSANDBYTES_INT8).
+    Written as text, like `runner_version`. Default: unset, today's."""
 
     packing: bool = False
     """Pack several examples into each sequence (no cross-attention between them). Default false, as

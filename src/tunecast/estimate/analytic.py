@@ -82,6 +82,8 @@ def supports(config: dict[str, Any], spec: RunSpec) -> str | None:
         return "checkpointing, eager attention and chunked loss are traced only"
     if spec.optimizer_in_backward or spec.lora.dora or spec.lora.modules_to_save or spec.lora.dropout:
         return "optimizer-in-backward, DoRA, modules_to_save and LoRA dropout are traced only"
+    if spec.method == "qlora" and spec.quantization.bits == 8:
+        return "an 8-bit base (whose layers keep their inputs, estimate/int8.py) is traced only"
     if spec.method != "full" and not spec.lora.fp32_adapters:
         return "adapters in the model's dtype (lora.fp32_adapters: false) are traced only"
     return None

@@ -7,8 +7,9 @@ rounding and reserve (simulated from the traced allocation order, on a ladder of
 never falls as micro-batch or length grow — see `_ladder_reserved`).
 
 Modelled, each a named formula below with its source: NF4 weights and their quantization constants
-(QLoRA), 8-bit and paged optimizer states, activation offload, DDP gradient buckets, FSDP / ZeRO
-sharding and gather buffers, CPU offload, the CUDA context and cuBLAS workspaces.
+(QLoRA), an 8-bit base's int8 weights, row scales and temporaries (int8.py), 8-bit and paged optimizer states,
+activation offload, DDP gradient buckets, FSDP / ZeRO sharding and gather buffers, CPU offload, the CUDA context and
+cuBLAS workspaces.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ class Facts:
     trainable_small_numel: float
     layer_bytes: int
     layer_numel: int
+    layer_linears: tuple[tuple[int, int, bool], ...] = ()  # (in, out, weight trains) of one decoder layer
 
 
 def _extrapolate(a: float, b: float, depth_a: int, depth_b: int, depth: int) -> float:
@@ -133,7 +135,7 @@ def _facts(pair: ProfilePair) -> Facts:
         return _extrapolate(getattr(a, name), getattr(b, name), da, db, depth)
 
     return Facts(grow("quantizable_numel"), b.largest_quantizable_numel, grow("trainable_numel"),
-                 grow("trainable_small_numel"), b.layer_bytes, b.layer_numel)
+                 grow("trainable_small_numel"), b.layer_bytes, b.layer_numel, b.layer_linears)
 
 
 @dataclass
@@ -263,7 +265,8 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
         kept = _SIMULATED.get(key)
         if kept is not None and kept[0] is serves:  # the entry holds its profiles, so the id is not reused
             return kept[1]
-        step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace)
+        step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace,
+                            checkpointing=settings.grad_checkpointing)
         value = Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
         if len(_SIMULATED) >= SIMULATED_KEPT:
             _SIMULATED.clear()
@@ -322,6 +325,21 @@ def _apply_qlora(step: StepMemory, facts: Facts, param_bytes: int, double_quant:
                       + " modelled on the traced LoRA step (bitsandbytes Linear4bit)")
 
 
+def _apply_int8(step: StepMemory, facts: Facts, param_bytes: int, *, tokens: int, cuda: bool,
+                checkpointing: bool) -> None:
+    """An 8-bit base in place of NF4: int8 weights, their row scales, one layer's temporaries (int8.py)."""
+    from tunecast.estimate.int8 import int8_note, int8_terms
+
+    terms = int8_terms(facts.quantizable_numel, facts.layer_linears, tokens=tokens, param_bytes=param_bytes,
+                       cuda=cuda, checkpointing=checkpointing)
+    for phase, memory in step.phases.items():
+        memory.breakdown["weights"] -= terms.weights_saved_bytes
+        memory.breakdown["quantization"] += terms.scale_bytes
+        memory.breakdown["temporaries"] += {"forward": terms.forward_bytes,
+                                            "backward": terms.backward_bytes}.get(phase, 0.0)
+    step.notes.append(int8_note(cuda))
+
+
 def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str | None:
     """What QLoRA leaves unquantized in a mixture-of-experts model, in words; None for a dense model or another
     method. transformers 5 keeps the experts as fused 3-D parameters and the router as a plain one, and bitsandbytes'
@@ -334,7 +352,8 @@ def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str 
     if not kept:
         return None
     dtype = "bf16" if _param_bytes(spec) == 2 else "fp32"
-    return (f"QLoRA leaves the experts in {dtype}, not NF4: {format_params(kept)} expert and router weights, "
+    quantized = "int8" if spec.quantization.bits == 8 else "NF4"
+    return (f"QLoRA leaves the experts in {dtype}, not {quantized}: {format_params(kept)} expert and router weights, "
             f"{kept * _param_bytes(spec) / BYTES_PER_GIB:.2f} GiB of the frozen weights (bitsandbytes quantizes "
             "nn.Linear layers only; transformers keeps the experts as fused 3-D parameters)")
 
@@ -448,9 +467,12 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus {kept} gathered for the passes")
 
 
-def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int) -> None:
-    """What the trace cannot see, applied to the traced (or closed-form) step."""
-    if spec.method == "qlora":
+def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int, *, tokens: int,
+                    cuda: bool, checkpointing: bool) -> None:
+    """What the trace cannot see, applied to the traced (or closed-form) step of `tokens` tokens a micro-batch."""
+    if spec.method == "qlora" and spec.quantization.bits == 8:
+        _apply_int8(step, facts, param_bytes, tokens=tokens, cuda=cuda, checkpointing=checkpointing)
+    elif spec.method == "qlora":
         _apply_qlora(step, facts, param_bytes, double_quant=spec.lora.double_quant)
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
@@ -459,9 +481,10 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
-                 workspace: int, reserve: bool = True) -> StepMemory:
+                 workspace: int, checkpointing: bool, reserve: bool = True) -> StepMemory:
     step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace, reserve=reserve)
-    _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers)
+    _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers, tokens=batch * seq,
+                    cuda=cuda, checkpointing=checkpointing)
     return step
 
 
@@ -498,7 +521,8 @@ def _analytic_step(spec: RunSpec, settings: TraceSettings, config_data: dict[str
                   largest_quantizable_numel=max(a * b for a, b in shape.linear_shapes().values()),
                   trainable_numel=trainable, trainable_small_numel=0.0,
                   layer_bytes=shape.layer_params(config_data) * _param_bytes(spec),
-                  layer_numel=shape.layer_params(config_data))
+                  layer_numel=shape.layer_params(config_data),
+                  layer_linears=tuple((a, b, False) for a, b in shape.linear_shapes().values()))
     step = StepMemory(phases, 0.0, notes=[f"closed-form estimate: {reason}; allocator reserve not simulated"])
     return step, facts, _param_bytes(spec), shape.layers
 
@@ -541,7 +565,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
         swept = cuda and pair.exact_shape is None  # reserved comes from the ladder: not simulated at this shape
-        step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace, reserve=not swept)
+        step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace,
+                            checkpointing=settings.grad_checkpointing, reserve=not swept)
         if swept:
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
@@ -549,7 +574,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     except TracingUnavailable as reason:
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
-        _modelled_terms(step, spec, facts, param_bytes, layers)
+        _modelled_terms(step, spec, facts, param_bytes, layers, tokens=batch * seq, cuda=cuda,
+                        checkpointing=settings.grad_checkpointing)
         traced_at = None
         composed = False
         closed_form = True

@@ -34,9 +34,9 @@ from tunecast.plan.throughput import StepTime
 CALIBRATION_FORMAT = 1
 # Settings that change the speed of a step, flattened as dotted keys (a key covers those below it). The
 # dataset changes the padding, not the step: a calibration of other data is used with a warning.
-SPEED_KEYS = ("model", "method", "lora", "precision", "optimizer", "optimizer_in_backward", "micro_batch",
-              "seq_len", "packing", "grad_checkpointing", "attention", "loss", "gpus.strategy", "gpus.offload",
-              "activation_offload")
+SPEED_KEYS = ("model", "method", "lora", "quantization", "precision", "optimizer", "optimizer_in_backward",
+              "micro_batch", "seq_len", "packing", "grad_checkpointing", "attention", "loss", "gpus.strategy",
+              "gpus.offload", "activation_offload")
 DATA_KEYS = ("dataset",)
 
 

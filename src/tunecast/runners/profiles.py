@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecast.config.runner import BITSANDBYTES, RUNNERS, Runner
+from tunecast.config.runner import BITSANDBYTES, BITSANDBYTES_INT8, RUNNERS, Runner
 from tunecast.step.variants import MIXED, MIXED_ONLY, STEP_VARIANTS
 
 
 def differences_table() -> str:
     """Every runner's differences from tunecast's step, with sources, as Markdown (docs/runners.md holds it; a test
     keeps the two equal): today's, then each older version range `runner_version` selects, then bitsandbytes'
-    (`bitsandbytes_version`, every runner's QLoRA)."""
+    (`bitsandbytes_version`, every runner's QLoRA), and its 8-bit layers (`quantization.bits: 8`)."""
     lines = ["| runner | modelled version | step, as traced | defaults for unset keys | not modelled |",
              "|---|---|---|---|---|"]
     for runner in RUNNERS.values():
@@ -31,6 +31,9 @@ def differences_table() -> str:
         assert older is not None
         lines.append(_row(older, "any runner's QLoRA", f"{era.label} (`bitsandbytes_version` {era.versions.text()}; "
                                                       f"unset: {BITSANDBYTES.version})"))
+    lines.append(_row(BITSANDBYTES_INT8, "any runner's QLoRA on an 8-bit base (`quantization.bits: 8`)",
+                      f"{BITSANDBYTES_INT8.version} (`bitsandbytes_version` unset, or "
+                      f"{BITSANDBYTES_INT8.versions.text()})"))
     return "\n".join(lines)
 
 

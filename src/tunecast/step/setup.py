@@ -92,6 +92,8 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
             cast_head_to_bf16(model)
         if "kbit-keeps-input" in variants:
             keep_quantized_inputs(model)
+        if "int8-keeps-input" in variants:
+            keep_int8_inputs(model)
     if settings.grad_checkpointing:
         enable_checkpointing(model)
     model.train()
@@ -156,6 +158,42 @@ def keep_quantized_inputs(model: Any) -> None:
         for layer in block.modules():
             if type(layer) is torch.nn.Linear and not layer.weight.requires_grad:
                 layer.forward = _keeping_input(layer)
+
+
+class _KeptInContext(torch.autograd.Function):  # type: ignore[misc]
+    """The identity on an 8-bit layer's output that holds the layer's input as bitsandbytes' MatMul8bitLt does
+    (bitsandbytes 0.50.2 bitsandbytes/autograd/_functions.py: `ctx.tensors = (CAt, subA, A)` whenever an input needs a
+    gradient): an attribute of the autograd context, not save_for_backward, so non-reentrant checkpointing's
+    saved-tensor hooks never see it and a checkpointed layer keeps it until the backward pass. Under a forward pass
+    without gradients (reentrant checkpointing) no context is kept, and neither is the input."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        if ctx.needs_input_grad[1]:
+            ctx.kept = inputs  # the input as it comes: Linear8bitLt casts nothing before MatMul8bitLt
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def _keeping_input_in_context(layer: torch.nn.Linear) -> Any:
+    plain = layer.forward
+
+    def forward(inputs: torch.Tensor) -> torch.Tensor:
+        return _KeptInContext.apply(plain(inputs), inputs)
+    return forward
+
+
+def keep_int8_inputs(model: Any) -> None:
+    """Every frozen Linear of the decoder layers (those bitsandbytes makes 8-bit; estimate/int8.py models their bytes
+    and temporaries) keeps its input as bitsandbytes' 8-bit layers do, checkpointed or not. The model's stand-ins
+    only: a real bitsandbytes Linear8bitLt is left as the installed bitsandbytes runs it."""
+    for block in decoder_layers(model):
+        for layer in block.modules():
+            if type(layer) is torch.nn.Linear and not layer.weight.requires_grad:
+                layer.forward = _keeping_input_in_context(layer)
 
 
 def make_optimizer(name: str, params: list[torch.nn.Parameter], lr: float = 1e-4,

@@ -35,6 +35,9 @@ STEP_VARIANTS = {
                       "the norms left in fp32 (TRL's peft_module_casting_to_bf16, before TRL 0.22)",
     "kbit-keeps-input": "for QLoRA, each 4-bit layer keeps its input (in the compute dtype) for the backward pass, "
                         "outside a checkpointed layer (bitsandbytes' MatMul4Bit before 0.43.2)",
+    "int8-keeps-input": "for an 8-bit base, each 8-bit layer keeps its input (as it comes) for the backward pass, "
+                        "also inside a checkpointed layer: bitsandbytes keeps it as an attribute of the autograd "
+                        "context, which non-reentrant checkpointing does not free (MatMul8bitLt, bitsandbytes 0.50)",
     "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
                     "the backward pass (unsloth's fused cross-entropy); no full logits",
 }
@@ -61,7 +64,8 @@ MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
 
 def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
     """The variants the tracer runs for `spec`'s runner (at its `runner_version`) on `device`, and for QLoRA those of
-    its `bitsandbytes_version` (none for tunecast's own step with today's bitsandbytes)."""
+    bitsandbytes' layers of its `quantization.bits` at its `bitsandbytes_version` (none for tunecast's own step on
+    4-bit weights with today's bitsandbytes)."""
     runner = runner_entry(spec)
     chosen = [*runner.step, *(runner.mixed_step if spec.precision in MIXED else ())]
     if device == "cpu":

@@ -1,6 +1,6 @@
 """`tunecast merge RUN_DIR`: the run's adapter merged into its base weights, saved as a plain model.
 
-For QLoRA the adapter was trained against NF4 weights, so those are what it is merged into: the base is
+For QLoRA the adapter was trained against NF4 (or LLM.int8) weights, so those are what it is merged into: the base is
 quantized as in training (train/quantize.py) and dequantized back to the compute dtype before the merge,
 the usual practice for QLoRA adapters (merging into the original weights would add the quantization error
 the adapter learned to correct for).
@@ -22,15 +22,20 @@ from tunecast.train.run import CONFIG_FILE, FINAL, final_complete
 MERGED = "merged"
 
 
-def _dequantize(model: Any) -> Any:
-    """Every bitsandbytes Linear4bit back to a plain Linear holding its dequantized weight."""
+def _dequantize(model: Any, dtype: Any) -> Any:
+    """Every bitsandbytes Linear4bit or Linear8bitLt back to a plain Linear holding its dequantized weight (an 8-bit
+    one in `dtype`, the model's: its int8 rows times their absmax / 127, bitsandbytes' int8_vectorwise_dequant)."""
     import bitsandbytes as bnb
     import torch
 
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, bnb.nn.Linear4bit):
-                weight = bnb.functional.dequantize_4bit(child.weight.data, child.weight.quant_state)
+            if isinstance(child, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt)):
+                if isinstance(child, bnb.nn.Linear4bit):
+                    weight = bnb.functional.dequantize_4bit(child.weight.data, child.weight.quant_state)
+                else:  # the row scales sit on the weight until a forward pass moves them to the layer's state
+                    scales = child.weight.SCB if child.weight.SCB is not None else child.state.SCB
+                    weight = bnb.functional.int8_vectorwise_dequant(child.weight.data, scales).to(dtype)
                 plain = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
                                         dtype=weight.dtype, device=weight.device)
                 plain.weight.data.copy_(weight)
@@ -74,7 +79,7 @@ def merge_run(run_dir: str, output: str | None, catalog: Catalog) -> dict[str, A
         dtype = compute_dtype(spec.precision) if spec.method == "qlora" else param_dtype(spec.precision)
         base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=dtype, local_files_only=True)
         if spec.method == "qlora":
-            base = _dequantize(quantize_for_qlora(base, spec, torch.device("cpu")))
+            base = _dequantize(quantize_for_qlora(base, spec, torch.device("cpu")), dtype)
         merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
         result_dir = Path(temporary) / "merged"
         merged.save_pretrained(str(result_dir))

@@ -9,8 +9,9 @@
   once under the run's `base/`, so the final adapter has a base that `PeftModel.from_pretrained` and
   `tunecast merge` can load.
 * QLoRA (`quantize_for_qlora`): the decoder layers' Linear weights become NF4 with double quantization and bf16 compute
-  (bitsandbytes Linear4bit, train/quantize.py), the output head and embeddings stay in bf16, and so do decoder
-  weights that are not Linear modules: a mixture of experts' fused experts and router (the run says so).
+  (bitsandbytes Linear4bit, train/quantize.py), or with `quantization.bits: 8` LLM.int8 (Linear8bitLt, as
+  transformers' BitsAndBytesConfig(load_in_8bit=True) makes them); the output head and embeddings stay in bf16, and
+  so do decoder weights that are not Linear modules: a mixture of experts' fused experts and router (the run says so).
 
 Then `prepare_for_training` applies the same adapters, dtypes and checkpointing the memory estimator traces.
 """
@@ -77,9 +78,12 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, offline: bool, random_all
 def quantize_for_qlora(model: Any, spec: RunSpec, device: torch.device) -> Any:
     """QLoRA's base: NF4 decoder Linear weights, with double quantization unless `lora.double_quant` is off, compute
     in the run's compute dtype; any width (train/quantize.py turns off bitsandbytes' CPU repacking, which takes only
-    some)."""
-    from tunecast.train.quantize import quantize_nf4
+    some). With `quantization.bits: 8`, LLM.int8 decoder Linear weights (bitsandbytes Linear8bitLt), which compute in
+    their input's dtype."""
+    from tunecast.train.quantize import quantize_int8, quantize_nf4
 
+    if spec.quantization.bits == 8:
+        return quantize_int8(model, device=str(device))
     return quantize_nf4(model, compute_dtype=compute_dtype(spec.precision), double_quant=spec.lora.double_quant,
                         device=str(device))
 

@@ -115,6 +115,28 @@ def _options(loading: bool = False) -> Any:
     return StateDictOptions(ignore_frozen_params=True, strict=not loading)
 
 
+@contextlib.contextmanager
+def _tensor_keys_only(module: Any) -> Iterator[None]:
+    """`module.state_dict()` without the keys that name no parameter or buffer, while torch's get_model_state_dict
+    reads it: it looks every key up as an attribute of its module, and bitsandbytes' 8-bit layers add two that are
+    none (SCB and weight_format, bitsandbytes nn/modules.py Linear8bitLt._save_to_state_dict), which would stop it.
+    Both belong to the frozen base, which a checkpoint leaves out anyway."""
+    named = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    named |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
+
+    def drop_other_keys(_module: Any, state_dict: dict[str, Any], prefix: str, _metadata: Any) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            name = key[len(prefix):]
+            if name not in named and not name.endswith(torch.nn.modules.module._EXTRA_STATE_KEY_SUFFIX):
+                del state_dict[key]
+
+    handle = module.register_state_dict_post_hook(drop_other_keys)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def _state(model: Any, optimizers: list[Any] | None, *, loading: bool = False) -> dict[str, Any]:
     """The state `torch.distributed.checkpoint` saves or fills: trainable weights and (unless None) the
     optimizers' state, by parameter name; DTensor shards under FSDP2, whole tensors otherwise."""
@@ -124,7 +146,8 @@ def _state(model: Any, optimizers: list[Any] | None, *, loading: bool = False) -
     # state dict even when frozen parameters are left out
     module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     trains = {name for name, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
-    whole = get_model_state_dict(model, options=_options(loading))
+    with _tensor_keys_only(module):
+        whole = get_model_state_dict(model, options=_options(loading))
     state: dict[str, Any] = {"model": {name: value for name, value in whole.items() if name in trains}}
     if optimizers is not None:
         state["optim"] = get_optimizer_state_dict(model, optimizers, options=_options(loading))

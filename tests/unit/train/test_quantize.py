@@ -14,7 +14,7 @@ from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import unquantized_experts_note
 from tunecast.estimate.moe import unquantized_numel
 from tunecast.step.shape import hf_config
-from tunecast.train.quantize import quantize_nf4, unquantized_weights
+from tunecast.train.quantize import LLM_INT8_THRESHOLD, quantize_int8, quantize_nf4, unquantized_weights
 
 # Every family estimate/moe.py models, tiny; Qwen3-MoE with a dense first layer (mlp_only_layers), whose MLP is
 # made of Linear modules and is quantized.
@@ -116,3 +116,50 @@ def test_transformers_4bit_loading_leaves_fused_experts_in_bf16(tmp_path: Any) -
     assert layer.mlp.experts.gate_up_proj.dtype == torch.bfloat16
     assert layer.mlp.experts.down_proj.dtype == torch.bfloat16
     assert unquantized_weights(loaded).numel == unquantized_numel(MOE["mixtral"])  # type: ignore[union-attr]
+
+
+def test_transformers_8bit_loading_gives_the_layers_tunecast_makes(tmp_path: Any) -> None:
+    """transformers' BitsAndBytesConfig(load_in_8bit=True) on the CPU (what axolotl's and TRL's load_in_8bit and
+    LLaMA-Factory's quantization_bit 8 load): the decoder Linear layers become Linear8bitLt with the outlier threshold
+    and int8 rows and scales quantize_int8 gives, the output head stays a plain Linear."""
+    import bitsandbytes as bnb
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    _build(tiny_llama(num_hidden_layers=2)).save_pretrained(str(tmp_path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), quantization_config=BitsAndBytesConfig(
+            load_in_8bit=True), dtype=torch.bfloat16, device_map="cpu")
+    ours = quantize_int8(_build(tiny_llama(num_hidden_layers=2)), device="cpu")
+    for theirs, mine in zip(loaded.model.layers[1].modules(), ours.model.layers[1].modules(), strict=True):
+        assert type(theirs) is type(mine)
+        if isinstance(mine, bnb.nn.Linear8bitLt):
+            assert (theirs.state.threshold, theirs.state.has_fp16_weights) == (LLM_INT8_THRESHOLD, False)
+            assert (mine.state.threshold, mine.state.has_fp16_weights) == (LLM_INT8_THRESHOLD, False)
+            assert theirs.weight.dtype == mine.weight.dtype == torch.int8
+            assert torch.equal(theirs.weight.data, mine.weight.data) and torch.equal(theirs.weight.SCB, mine.weight.SCB)
+    assert type(loaded.lm_head) is torch.nn.Linear and type(ours.lm_head) is torch.nn.Linear
+    assert unquantized_weights(ours) is None
+
+
+def test_an_8bit_base_is_merged_into_its_dequantized_weights() -> None:
+    """`tunecast merge` of an 8-bit run: every Linear8bitLt back to a plain Linear of its int8 rows × absmax / 127,
+    within half a quantization step of the weights it was made from."""
+    from tunecast.train.merge import _dequantize
+
+    original = _build(tiny_llama(num_hidden_layers=2))
+    weights = {name: module.weight.detach().float().clone() for name, module in original.named_modules()
+               if type(module) is torch.nn.Linear and name != "lm_head"}
+    merged = _dequantize(quantize_int8(original, device="cpu"), torch.bfloat16)
+    for name, module in merged.named_modules():
+        if name in weights:
+            assert type(module) is torch.nn.Linear and module.weight.dtype == torch.bfloat16
+            step = weights[name].abs().amax(dim=1, keepdim=True) / 127
+            error = (module.weight.float() - weights[name]).abs()
+            assert bool((error <= step / 2 + weights[name].abs() / 128).all()), name  # + bf16's own rounding
+
+
+def test_moe_experts_left_in_bf16_by_an_8bit_base_are_said_so() -> None:
+    kept = unquantized_weights(quantize_int8(_build(MOE["mixtral"]), device="cpu"))
+    assert kept is not None and kept.numel == unquantized_numel(MOE["mixtral"])
+    assert "bf16, not int8" in kept.describe() and kept.quantized_as == "int8"

@@ -109,6 +109,9 @@ def _train(cli, config: Path) -> dict:  # type: ignore[no-untyped-def]
     ("lora", "adamw", {"grad_checkpointing": True, "loss": "chunked", "packing": True}),
     ("lora", "adamw", {"precision": "bf16-mixed"}),
     ("qlora", "adamw", {"precision": "bf16"}),
+    # an 8-bit base: bitsandbytes 0.50 trains Linear8bitLt on a CPU (MatMul8bitFp), and the step-2 checkpoint holds
+    # the adapters without the frozen layers' SCB keys (train/state.py _tensor_keys_only)
+    ("qlora", "adamw", {"precision": "bf16", "quantization.bits": 8}),
 ])
 def test_every_method_and_optimizer_trains(cli, tmp_path: Path, method: str, optimizer: str, extra: dict) -> None:  # type: ignore[no-untyped-def]
     config = tiny_run(tmp_path, method=method, optimizer=optimizer, max_steps=2, **NO_EVAL, **extra)
