@@ -17,6 +17,7 @@ from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
+from tunecast.config.prequantized import Prequantized, by_name, prequantized, unquantized_name
 from tunecast.config.runner import apply_runner
 from tunecast.config.spec import TEXT_KEYS, RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
@@ -158,9 +159,15 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
             try:
                 model = resolve_model(spec.model, catalog, base_dir=model_dir, hub=hub)
             except TunecastError as error:
-                problems.append(Problem("model", error.message, error.hint, location=locate("model")))
+                named = by_name(spec.model)  # offline, or not on the Hub: its name still says why it cannot train
+                problems.append(_prequantized_problem(named, spec.model, catalog, locate) if named is not None else
+                                Problem("model", error.message, error.hint, location=locate("model")))
             else:
-                problems.extend(model_problems(spec, model, locate))
+                found = prequantized(model)
+                if found is not None:
+                    problems.append(_prequantized_problem(found, spec.model, catalog, locate))
+                else:
+                    problems.extend(model_problems(spec, model, locate))
         if spec.gpus.gpu is not None:
             gpu = catalog.gpus.find(spec.gpus.gpu)
             if gpu is not None:
@@ -171,6 +178,13 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
         raise ConfigError(source, problems)
     warnings = tuple(p for p in problems if p.severity == "warning")
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
+
+
+def _prequantized_problem(found: Prequantized, name: str, catalog: Catalog, locate: Any) -> Problem:
+    """The AWQ or GPTQ checkpoint refused, with the catalog models close to its name without that part."""
+    base = unquantized_name(name).strip("-_.")
+    suggestion = catalog.models.suggestion(base) if base else None
+    return Problem("model", found.message(), found.hint(suggestion), location=locate("model"))
 
 
 def imported_part(loaded: LoadedSpec) -> dict[str, Any]:

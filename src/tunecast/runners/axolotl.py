@@ -43,14 +43,21 @@ def read(path: Path) -> Imported:
 
 
 def _check(m: Mapper, data: dict[str, Any]) -> None:
-    """Values that make the run impossible to estimate."""
-    if data.get("load_in_8bit") is True:
-        raise m.error("load_in_8bit", "8-bit base weights (LoRA on LLM.int8) cannot be estimated",
-                      "use adapter: qlora with load_in_4bit: true, or adapter: lora without quantization")
+    """Values that make the run impossible to estimate, or that axolotl itself refuses (utils/schemas/validation.py:
+    quantized weights without an adapter, validate_qlora's "Can't load qlora in 8bit")."""
+    if data.get("gptq") is True:
+        raise m.error("gptq", "gptq: true trains adapters on a GPTQ checkpoint, whose weights are already quantized "
+                      "by GPTQ: neither LoRA nor tunecast's QLoRA (bitsandbytes) can train on them",
+                      "point base_model at the unquantized model it was made from, with adapter: lora and "
+                      "load_in_8bit: true, or adapter: qlora and load_in_4bit: true")
     adapter = data.get("adapter")
     if adapter not in (None, "lora", "qlora"):
         raise m.error("adapter", f"adapter {adapter!r} cannot be estimated: tunecast knows lora and qlora",
                       "use adapter: lora or qlora, or leave it out for full fine-tuning")
+    if data.get("load_in_8bit") is True and adapter != "lora":
+        raise m.error("load_in_8bit", "8-bit base weights are trained through adapter: lora (axolotl refuses "
+                      + ("adapter: qlora in 8-bit" if adapter == "qlora" else "quantized weights without an adapter")
+                      + ")", "set adapter: lora for LoRA on the 8-bit base, or load_in_4bit: true with adapter: qlora")
     if adapter == "qlora" and data.get("load_in_4bit") is not True:
         raise m.error("adapter", "adapter: qlora needs load_in_4bit: true", "add load_in_4bit: true")
     if data.get("load_in_4bit") is True and adapter != "qlora":
@@ -58,7 +65,8 @@ def _check(m: Mapper, data: dict[str, Any]) -> None:
 
 
 def _adapter(m: Mapper, key: str, value: Any) -> None:
-    m.put(key, "method", "qlora" if value == "qlora" else "lora")
+    # LoRA on an 8-bit base is tunecast's qlora with quantization.bits 8, whichever of the two keys comes first
+    m.put(key, "method", "qlora" if value == "qlora" or m.get("quantization.bits") == 8 else "lora")
 
 
 def _targets_linear(m: Mapper, key: str, value: Any) -> None:
@@ -218,7 +226,7 @@ def _liger_loss(m: Mapper, key: str, value: Any) -> None:
 
 _HANDLERS: dict[str, mp.Handler] = {
     "torch_compile": mp.flag("compile"),
-    "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": mp.four_bit,
+    "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": mp.four_bit, "load_in_8bit": mp.eight_bit,
     "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"),
     "lora_target_linear": _targets_linear, "lora_target_modules": _targets,
     "lora_modules_to_save": mp.to("lora.modules_to_save"), "peft_use_dora": mp.flag("lora.dora"),
@@ -277,6 +285,6 @@ _QUIET: dict[str, str] = {
     "chunked_cross_entropy_num_chunks": "axolotl's chunked cross-entropy: estimated as the standard loss",
     "val_set_size": "a fraction of the dataset held out: tunecast counts held-out examples (eval.examples); set "
                     "that once the dataset's size is known",
-    "load_in_8bit": "false: the base weights are not 8-bit",
+    "gptq": "false: the base weights are not GPTQ's",
     "bnb_config_kwargs": "4-bit quantization details: tunecast estimates NF4 with double quantization",
 }

@@ -27,8 +27,9 @@ def to_axolotl(spec: RunSpec) -> dict[str, Any]:
     """`spec` as an axolotl config document."""
     _common(spec, "axolotl")
     doc: dict[str, Any] = {"base_model": spec.model}
-    if spec.method == "qlora":
-        doc["load_in_4bit"] = True
+    eight_bit = spec.method == "qlora" and spec.quantization.bits == 8
+    if spec.method == "qlora":  # LoRA on an 8-bit base is axolotl's adapter lora (it refuses qlora in 8-bit)
+        doc["load_in_8bit" if eight_bit else "load_in_4bit"] = True
     if spec.dataset.path is not None:
         doc["datasets"] = [_axolotl_dataset(spec)]
     if spec.dataset.train_on != "auto":
@@ -36,7 +37,7 @@ def to_axolotl(spec: RunSpec) -> dict[str, Any]:
     if spec.output is not None:
         doc["output_dir"] = spec.output
     if spec.method != "full":
-        doc["adapter"] = spec.method
+        doc["adapter"] = "lora" if eight_bit else spec.method
     doc |= {"sequence_len": spec.seq_len, "sample_packing": spec.packing}
     if spec.method != "full":
         doc |= _axolotl_lora(spec)
@@ -73,7 +74,7 @@ def to_llamafactory(spec: RunSpec) -> dict[str, Any]:
         raise _cannot("lora.modules_to_save", "LLaMA-Factory", "it belongs to LoRA; full fine-tuning trains everything")
     doc: dict[str, Any] = {"model_name_or_path": spec.model}
     if spec.method == "qlora":
-        doc |= {"quantization_bit": 4, "quantization_method": "bnb"}
+        doc |= {"quantization_bit": spec.quantization.bits, "quantization_method": "bnb"}
     doc["flash_attn"] = _LLAMAFACTORY_ATTENTION[spec.attention]
     doc |= _llamafactory_checkpointing(spec)
     doc |= {"stage": "sft", "do_train": True, "finetuning_type": "full" if spec.method == "full" else "lora"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.config.imported import Imported
+from tunecast.config.prequantized import PREQUANTIZED_METHODS
 from tunecast.runners import llamafactory_v1
 from tunecast.runners import mapping as mp
 from tunecast.runners.mapping import LOGGING, NO_EFFECT, Mapper
@@ -58,14 +59,22 @@ def _check(m: Mapper, data: dict[str, Any]) -> None:
     if kind not in ("lora", "full"):
         raise m.error("finetuning_type", f"finetuning_type {kind!r} cannot be estimated: tunecast knows lora and "
                       "full", "use finetuning_type: lora or full")
+    # On-the-fly quantization as LLaMA-Factory runs it (model/model_utils/quantization.py configure_quantization,
+    # hiyouga/LLaMA-Factory 13e7388): bitsandbytes 8-bit is BitsAndBytesConfig(load_in_8bit=True), 4-bit NF4.
     bits, method = data.get("quantization_bit"), data.get("quantization_method", "bnb")
-    if method not in ("bnb", "hqq") or bits not in (None, 4):
-        what = f"{bits}-bit" if bits is not None else f"pre-quantized ({method})"
-        raise m.error("quantization_bit" if bits not in (None, 4) else "quantization_method",
-                      f"{what} base weights cannot be estimated: tunecast knows 4-bit NF4 (bitsandbytes) only",
-                      "use quantization_bit: 4 with quantization_method: bnb, or no quantization")
-    if bits == 4 and kind != "lora":
-        raise m.error("quantization_bit", "4-bit weights need finetuning_type: lora", "set finetuning_type: lora")
+    if str(method).lower() in PREQUANTIZED_METHODS:
+        label = PREQUANTIZED_METHODS[str(method).lower()]
+        raise m.error("quantization_method", f"{method} is a pre-quantized {label} checkpoint's method: its weights "
+                      f"are already quantized by {label}, which neither LoRA nor tunecast's QLoRA (bitsandbytes) can "
+                      "train on", "point model_name_or_path at the unquantized model it was made from, with "
+                      "quantization_bit: 4 or 8 and quantization_method: bnb")
+    if (method, bits) not in (("bnb", None), ("bnb", 4), ("bnb", 8), ("hqq", None), ("hqq", 4)):
+        what = f"{bits}-bit {method}" if bits is not None else f"quantization_method {method}"
+        raise m.error("quantization_bit" if bits not in (None, 4, 8) or method == "hqq" else "quantization_method",
+                      f"{what} base weights cannot be estimated: tunecast knows bitsandbytes' 4-bit NF4 and 8-bit "
+                      "LLM.int8", "use quantization_bit: 4 or 8 with quantization_method: bnb, or no quantization")
+    if bits in (4, 8) and kind != "lora":
+        raise m.error("quantization_bit", f"{bits}-bit weights need finetuning_type: lora", "set finetuning_type: lora")
 
 
 def _stage(m: Mapper, key: str, value: Any) -> None:
@@ -81,12 +90,15 @@ def _finetuning(m: Mapper, key: str, value: Any) -> None:
 
 def _quantization(m: Mapper, key: str, value: Any) -> None:
     m.put(key, "method", "qlora")
+    if value == 8:
+        m.put(key, "quantization.bits", 8)
 
 
 def _quantization_method(m: Mapper, key: str, value: Any) -> None:
     if value == "hqq":
         m.note("HQQ 4-bit weights are estimated as bitsandbytes NF4 (the same 4 bits per weight)")
-    m.skip(key, value, "the quantization library: tunecast estimates 4-bit weights as bitsandbytes NF4")
+    m.skip(key, value, "the quantization library: tunecast estimates 4-bit weights as bitsandbytes NF4 and 8-bit ones "
+                       "as bitsandbytes LLM.int8")
 
 
 def _targets(m: Mapper, key: str, value: Any) -> None:

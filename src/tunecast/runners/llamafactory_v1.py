@@ -92,14 +92,14 @@ def _check(m: Mapper, data: dict[str, Any]) -> None:
                       "fine-tuning", "use peft_config name: lora, or no peft_config for full fine-tuning")
     quant = _section(m, data, "quant_config")
     bits = _bits(quant)
-    if bits is not None and bits != 4:
+    if bits is not None and bits not in (4, 8):
         problem = (f"{bits}-bit base weights cannot be estimated" if bits > 0 else
                    f"quantization_bit {quant.get('quantization_bit')!r} is not a number of bits")
-        raise m.error("quant_config.quantization_bit", f"{problem}: tunecast knows 4-bit NF4 (bitsandbytes) only",
-                      "use quantization_bit: 4, or no quant_config")
-    if bits == 4 and not peft:
-        raise m.error("quant_config.quantization_bit", "4-bit weights need adapters: LLaMA-Factory v1 trains a "
-                      "quantized model through LoRA only", "add peft_config with name: lora")
+        raise m.error("quant_config.quantization_bit", f"{problem}: tunecast knows bitsandbytes' 4-bit NF4 and "
+                      "8-bit LLM.int8", "use quantization_bit: 4 or 8, or no quant_config")
+    if bits is not None and not peft:
+        raise m.error("quant_config.quantization_bit", f"{bits}-bit weights need adapters: LLaMA-Factory v1 trains "
+                      "a quantized model through LoRA only", "add peft_config with name: lora")
     for key in ("kernel_config", "init_config", "optim_config", "lr_scheduler_config"):
         _section(m, data, key)
     dist = _section(m, data, "dist_config")
@@ -121,8 +121,9 @@ def _section(m: Mapper, data: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def _bits(quant: dict[str, Any]) -> int | None:
-    """The quantization the plugin applies: bnb defaults to 4 bits, auto to none (plugins/model_plugins/
-    quantization.py)."""
+    """The quantization the plugin applies: bnb defaults to 4 bits, auto to none; 8 bits is BitsAndBytesConfig(
+    load_in_8bit=True), without the 4-bit keys (plugins/model_plugins/quantization.py quantization_with_bnb, read at
+    hiyouga/LLaMA-Factory 1bc8a83)."""
     if not quant:
         return None
     bits = quant.get("quantization_bit")
@@ -170,9 +171,12 @@ def _quant(m: Mapper, key: str, value: Any) -> None:
         m.skip(key, value, "the base weights are not quantized" + ("" if value is None else
                                                                    " (name auto without quantization_bit)"))
         return
-    m.put(f"{key}.quantization_bit" if "quantization_bit" in value else f"{key}.name", "method", "qlora")
+    source = f"{key}.quantization_bit" if "quantization_bit" in value else f"{key}.name"
+    m.put(source, "method", "qlora")
+    if bits == 8:  # BitsAndBytesConfig(load_in_8bit=True): compute_dtype and the 4-bit keys are not passed
+        m.put(source, "quantization.bits", 8)
     mp.run_handlers(m, value, {}, _QUANT, prefix=f"{key}.")
-    if str(value.get("compute_dtype", "float16")) == "float32":
+    if bits == 4 and str(value.get("compute_dtype", "float16")) == "float32":
         m.note("quant_config.compute_dtype float32 dequantizes to fp32 for each matmul: estimated as bf16 (low)")
 
 
@@ -343,11 +347,11 @@ _PEFT_QUIET: dict[str, str] = {
                     "for `llamafactory-cli merge`: " + NO_EFFECT),
 }
 _QUANT: dict[str, str] = {
-    "name": "bitsandbytes, which v1 quantizes with", "quantization_bit": "4: method qlora",
+    "name": "bitsandbytes, which v1 quantizes with", "quantization_bit": "4 or 8: method qlora",
     "compute_dtype": "the dtype 4-bit weights are dequantized to for each matmul: bf16 in the estimate (float16, "
                      "v1's default, is the same size)",
-    "double_quantization": "the quantization constants' own quantization: under 0.1% of the weights",
-    "quantization_type": "nf4 or fp4: the same 4 bits per weight",
+    "double_quantization": "the 4-bit constants' own quantization: under 0.1% of the weights (8-bit: not used)",
+    "quantization_type": "nf4 or fp4: the same 4 bits per weight (8-bit: not used)",
 }
 _DIST: dict[str, str] = {
     "name": "the backend: gpus.strategy", "config_file": "the DeepSpeed JSON: gpus.strategy",

@@ -265,7 +265,17 @@ def four_bit(m: Mapper, tool_key: str, value: Any) -> None:
     if value:
         m.put(tool_key, "method", "qlora")
     else:
-        m.skip(tool_key, value, "false: the base weights are not quantized")
+        m.skip(tool_key, value, "false: the base weights are not 4-bit")
+
+
+def eight_bit(m: Mapper, tool_key: str, value: Any) -> None:
+    """`load_in_8bit`: LoRA on an LLM.int8 base (transformers' BitsAndBytesConfig(load_in_8bit=True)) when true, which
+    tunecast names method qlora with quantization.bits 8."""
+    if value:
+        m.put(tool_key, "method", "qlora")
+        m.put(tool_key, "quantization.bits", 8)
+    else:
+        m.skip(tool_key, value, "false: the base weights are not 8-bit")
 
 
 def hf_optimizer(m: Mapper, tool_key: str, value: Any, default: str) -> None:

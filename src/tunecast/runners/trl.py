@@ -53,11 +53,13 @@ def read(path: Path) -> Imported:
 
 
 def _check(m: Mapper, data: dict[str, Any]) -> None:
-    if data.get("load_in_8bit"):
-        raise m.error("load_in_8bit", "8-bit base weights (LLM.int8) cannot be estimated",
-                      "use load_in_4bit: true with use_peft: true (QLoRA), or no quantization")
-    if data.get("load_in_4bit") and not data.get("use_peft"):
-        raise m.error("load_in_4bit", "4-bit weights cannot be trained without adapters", "add use_peft: true")
+    if data.get("load_in_8bit") and data.get("load_in_4bit"):
+        raise m.error("load_in_8bit", "is set together with load_in_4bit, which TRL refuses (trl/trainer/"
+                      "model_config.py ModelConfig.__post_init__)", "keep load_in_4bit for NF4 weights, or "
+                      "load_in_8bit for LLM.int8 ones")
+    for key, bits in (("load_in_4bit", 4), ("load_in_8bit", 8)):
+        if data.get(key) and not data.get("use_peft"):
+            raise m.error(key, f"{bits}-bit weights cannot be trained without adapters", "add use_peft: true")
 
 
 def _use_peft(m: Mapper, key: str, value: Any) -> None:
@@ -216,8 +218,8 @@ def _handlers(data: dict[str, Any], script: bool) -> dict[str, mp.Handler]:
 _HANDLERS: dict[str, mp.Handler] = {
     "torch_compile": mp.flag("compile"),
     "model_name_or_path": mp.to("model"), "attn_implementation": _attention, "use_peft": _use_peft,
-    "load_in_4bit": mp.four_bit, "lora_r": mp.to("lora.rank"), "lora_alpha": mp.to("lora.alpha"),
-    "lora_dropout": mp.to("lora.dropout"), "lora_target_modules": _targets,
+    "load_in_4bit": mp.four_bit, "load_in_8bit": mp.eight_bit, "lora_r": mp.to("lora.rank"),
+    "lora_alpha": mp.to("lora.alpha"), "lora_dropout": mp.to("lora.dropout"), "lora_target_modules": _targets,
     "lora_modules_to_save": mp.to("lora.modules_to_save"), "use_dora": mp.flag("lora.dora"),
     "dataset_name": _dataset_name, "datasets": _datasets, "max_length": _max_length, "max_seq_length": _max_length,
     "packing": mp.flag("packing"), "completion_only_loss": _completion_only, "assistant_only_loss": _assistant_only,
@@ -254,5 +256,4 @@ _QUIET: dict[str, str] = {
     **dict.fromkeys(("use_liger_kernel", "lora_target_parameters"),
                     "a kernel or method tunecast does not model: the estimate is of the standard layers"),
     "padding_free": "padding-free batches hold no padding: tunecast estimates padded batches unless packing (high)",
-    "load_in_8bit": "false: the base weights are not 8-bit",
 }

@@ -64,8 +64,25 @@ def test_lora_without_targets_takes_peft_defaults(tmp_path: Path) -> None:
     assert "no tunecast equivalent" in reason(imported, "optimizer")
 
 
+@pytest.mark.parametrize("text", [
+    "base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nload_in_8bit: true\n",
+    "base_model: meta-llama/Llama-3.1-8B\nload_in_8bit: true\nadapter: lora\n",  # either order
+])
+def test_lora_on_an_8bit_base_is_qlora_on_8_bits(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "lora8.yml"
+    path.write_text(text + "load_in_4bit: false\n", encoding="utf-8")
+    imported = axolotl.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.quantization.bits, spec.fixed("quantization.bits")) == ("qlora", 8, True)
+    assert imported.mapped["load_in_8bit"] == ("method", "quantization.bits")
+    assert imported.lines["quantization.bits"] == text.splitlines().index("load_in_8bit: true") + 1
+    assert "not 4-bit" in reason(imported, "load_in_4bit")
+
+
 @pytest.mark.parametrize(("text", "match"), [
-    ("base_model: m\nadapter: lora\nload_in_8bit: true\n", "8-bit"),
+    ("base_model: m\nadapter: qlora\nload_in_8bit: true\n", r"`load_in_8bit`.*refuses adapter: qlora in 8-bit"),
+    ("base_model: m\nload_in_8bit: true\n", r"`load_in_8bit`.*quantized weights without an adapter"),
+    ("base_model: m\nadapter: lora\ngptq: true\n", r"`gptq`.*already quantized by GPTQ"),
     ("base_model: m\nadapter: llama-adapter\n", "llama-adapter"),
     ("base_model: m\nadapter: qlora\n", "load_in_4bit"),
 ])

@@ -19,7 +19,7 @@ COMPARED = ("model", "method", "lora.rank", "lora.alpha", "lora.dropout", "lora.
             "grad_accum", "epochs", "max_steps", "optimizer", "precision", "grad_checkpointing", "activation_offload",
             "attention", "packing", "learning_rate", "schedule", "warmup_steps", "warmup_ratio", "weight_decay",
             "seed", "gpus.strategy", "gpus.offload", "checkpoint.every_steps", "dataset.format", "dataset.train_on",
-            "compile")
+            "compile", "quantization.bits")
 
 SPECS: dict[str, dict[str, Any]] = {
     "lora": {"model": "meta-llama/Llama-3.1-8B", "method": "lora", "lora": {"rank": 16, "alpha": 32, "dropout": 0.05,
@@ -31,6 +31,12 @@ SPECS: dict[str, dict[str, Any]] = {
               "seq_len": 4096, "micro_batch": 1, "grad_accum": 16, "max_steps": 400, "optimizer": "paged-adamw",
               "grad_checkpointing": True, "activation_offload": True, "learning_rate": 1e-4, "schedule": "constant",
               "warmup_ratio": 0.05, "dataset": {"format": "messages"}},
+    # LoRA on an 8-bit base: axolotl's adapter lora with load_in_8bit, LLaMA-Factory's quantization_bit 8
+    "qlora-8bit": {"model": "meta-llama/Llama-3.1-8B", "method": "qlora", "quantization": {"bits": 8},
+                   "lora": {"rank": 32, "alpha": 16, "dropout": 0.05}, "seq_len": 4096, "micro_batch": 2,
+                   "grad_accum": 4, "epochs": 4, "optimizer": "adamw-8bit", "grad_checkpointing": True,
+                   "packing": True, "learning_rate": 2e-4, "schedule": "cosine", "warmup_ratio": 0.1,
+                   "dataset": {"format": "alpaca"}},
     "full": {"model": "Qwen/Qwen3-0.6B", "method": "full", "seq_len": 1024, "micro_batch": 8, "grad_accum": 1,
              "epochs": 1, "optimizer": "adamw", "grad_checkpointing": False, "attention": "sdpa",
              "learning_rate": 1e-5, "schedule": "linear", "weight_decay": 0.1, "dataset": {"format": "alpaca"},

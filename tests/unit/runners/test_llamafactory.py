@@ -57,14 +57,28 @@ def test_defaults_when_unset(tmp_path: Path) -> None:
     ("model_name_or_path: m\nstage: ppo\n", "stage 'ppo'"),
     ("model_name_or_path: m\nfinetuning_type: freeze\n", "freeze"),
     ("model_name_or_path: m\nfinetuning_type: oft\n", "oft"),
-    ("model_name_or_path: m\nquantization_bit: 8\n", "8-bit"),
-    ("model_name_or_path: m\nquantization_method: gptq\n", "pre-quantized"),
+    ("model_name_or_path: m\nquantization_bit: 3\n", "3-bit bnb base weights cannot be estimated"),
+    ("model_name_or_path: m\nquantization_bit: 8\nquantization_method: hqq\n", "8-bit hqq"),
+    ("model_name_or_path: m\nquantization_bit: 8\nfinetuning_type: full\n", "8-bit weights need finetuning_type"),
+    ("model_name_or_path: m\nquantization_method: gptq\n", r"`quantization_method`.*already quantized by GPTQ"),
+    ("model_name_or_path: m\nquantization_method: awq\n", r"pre-quantized AWQ checkpoint's method"),
 ])
 def test_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(TunecastError, match=match):
         llamafactory.read(path)
+
+
+def test_8bit_bitsandbytes_is_qlora_on_8_bits(tmp_path: Path) -> None:
+    path = tmp_path / "lora8.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-0.6B\nquantization_bit: 8\nquantization_method: bnb\n",
+                    encoding="utf-8")
+    imported = llamafactory.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.quantization.bits, spec.lora.rank) == ("qlora", 8, 8)
+    assert imported.mapped["quantization_bit"] == ("method", "quantization.bits")
+    assert "LLM.int8" in reason(imported, "quantization_method")
 
 
 def test_not_a_mapping(tmp_path: Path) -> None:
@@ -98,6 +112,16 @@ def test_v1_qlora_example() -> None:
     spec = checked(imported)
     assert (spec.model, spec.method, spec.precision, spec.lora.rank) == ("Qwen/Qwen3-0.6B", "qlora", "bf16", 16)
     assert imported.mapped["quant_config.quantization_bit"] == ("method",)
+
+
+def test_v1_8bit_bitsandbytes_is_qlora_on_8_bits(tmp_path: Path) -> None:
+    path = tmp_path / "v1.yaml"
+    path.write_text("model: Qwen/Qwen3-0.6B\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n"
+                    "  quantization_bit: 8\n", encoding="utf-8")
+    imported = llamafactory.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.quantization.bits) == ("qlora", 8)
+    assert imported.mapped["quant_config.quantization_bit"] == ("method", "quantization.bits")
 
 
 def test_v1_full_fsdp2_example() -> None:
@@ -168,8 +192,10 @@ def test_v1_unknown_plugin_key_and_odd_values_are_listed(tmp_path: Path) -> None
     ("model: m\nmodel_class: cls\n", "model_class 'cls' trains a reward model"),
     ("model: m\npref_beta: 0.1\n", "pref_beta is a setting of DPO"),
     ("model: m\npeft_config:\n  name: freeze\n", "peft_config 'freeze'"),
-    ("model: m\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n  quantization_bit: 8\n", "8-bit"),
+    ("model: m\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n  quantization_bit: 2\n",
+     "2-bit base weights cannot be estimated"),
     ("model: m\nquant_config:\n  name: bnb\n", "4-bit weights need adapters"),
+    ("model: m\nquant_config:\n  name: bnb\n  quantization_bit: 8\n", "8-bit weights need adapters"),
     ("model: m\ndist_config:\n  name: megatron\n", "dist_config 'megatron'"),
     ("model: m\npeft_config: lora\n", "must be a mapping with a `name`"),
     ("model: m\npeft_config:\n  name: lora\nquant_config:\n  name: bnb\n  quantization_bit: four\n",

@@ -12,7 +12,7 @@ from tunecast.runners import axolotl, llamafactory, torchtune
 
 PUBLISHED = DATA / "published"
 READERS = {"axolotl": axolotl.read, "llamafactory": llamafactory.read, "torchtune": torchtune.read}
-REFUSED = {"axolotl/lora-8b.yml": "8-bit", "llamafactory/qwen3_lora_dpo.yaml": "stage 'dpo'"}
+REFUSED = {"llamafactory/qwen3_lora_dpo.yaml": "stage 'dpo'"}
 FILES = sorted(p for p in PUBLISHED.rglob("*.y*ml") if p.relative_to(PUBLISHED).as_posix() not in REFUSED)
 
 
@@ -35,6 +35,14 @@ def test_published_qlora_values() -> None:
     spec = checked(axolotl.read(PUBLISHED / "axolotl" / "qlora.yml"))
     assert (spec.method, spec.lora.rank, spec.lora.alpha, spec.seq_len, spec.packing) == ("qlora", 32, 16, 4096, True)
     assert (spec.optimizer, spec.micro_batch, spec.grad_accum, spec.attention) == ("paged-adamw", 2, 4, "flash")
+
+
+def test_published_lora_on_an_8bit_base() -> None:
+    """axolotl's examples/llama-3/lora-8b.yml: LoRA on an LLM.int8 base (load_in_8bit: true, adapter: lora)."""
+    spec = checked(axolotl.read(PUBLISHED / "axolotl" / "lora-8b.yml"))
+    assert (spec.method, spec.quantization.bits, spec.lora.rank, spec.lora.alpha) == ("qlora", 8, 32, 16)
+    assert (spec.seq_len, spec.packing, spec.optimizer, spec.lora.modules_to_save) == \
+        (4096, True, "adamw-8bit", ["embed_tokens", "lm_head"])
 
 
 def test_published_torchtune_full_recipe() -> None:

@@ -39,8 +39,19 @@ def test_full_fine_tuning_defaults(tmp_path: Path) -> None:
     assert (spec.method, spec.precision, spec.seq_len, spec.grad_checkpointing) == ("full", "fp32", 1024, True)
 
 
+def test_peft_on_an_8bit_base_is_qlora_on_8_bits(tmp_path: Path) -> None:
+    path = tmp_path / "sft8.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-7B\nload_in_8bit: true\nuse_peft: true\n", encoding="utf-8")
+    imported = trl.read(path)
+    spec = checked(imported)
+    assert (spec.method, spec.quantization.bits, spec.lora.rank) == ("qlora", 8, 16)
+    assert imported.mapped["load_in_8bit"] == ("method", "quantization.bits")
+
+
 @pytest.mark.parametrize(("text", "match"), [
-    ("model_name_or_path: m\nuse_peft: true\nload_in_8bit: true\n", "8-bit"),
+    ("model_name_or_path: m\nuse_peft: true\nload_in_8bit: true\nload_in_4bit: true\n",
+     r"`load_in_8bit`.*together with load_in_4bit"),
+    ("model_name_or_path: m\nload_in_8bit: true\n", r"`load_in_8bit`.*8-bit weights cannot be trained without"),
     ("model_name_or_path: m\nload_in_4bit: true\n", "without adapters"),
 ])
 def test_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str) -> None:
