@@ -70,7 +70,8 @@ def by_name(name: str) -> Prequantized | None:
     method = prequantized_name(name)
     if method is None:
         return None
-    return Prequantized(f"model {name!r} is a {PREQUANTIZED_METHODS[method]} checkpoint by its name", method)
+    article = "an" if method == "awq" else "a"  # "an AWQ", "a GPTQ": as the letters are read
+    return Prequantized(f"model {name!r} is {article} {PREQUANTIZED_METHODS[method]} checkpoint by its name", method)
 
 
 def unquantized_name(name: str) -> str:
