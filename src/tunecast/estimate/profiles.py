@@ -276,7 +276,7 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
     if key not in _COMPOSED:
         if len(_COMPOSED) >= COMPOSED_KEPT:
             _COMPOSED.clear()
-        progress.progress(f"tracing the loss alone at micro-batch {batch} × {seq} tokens")
+        progress.progress(f"composing the loss (traced alone) at micro-batch {batch} × {seq} tokens")
         try:
             profiles = [compose.compose(profile, settings, config_data, batch, seq)
                         for profile in (pair.shallow, pair.deeper)]

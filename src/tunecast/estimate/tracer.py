@@ -551,12 +551,33 @@ SEGMENT_MARK = "segment:"  # the category of a RECLASS event (key -1) that marks
 
 @contextmanager
 def _active(recorder: _Recorder) -> Iterator[None]:
+    from tunecast.step import observer
+
     global _ACTIVE
     _ACTIVE = recorder
+    observer.OBSERVER = _Observer()
     try:
         yield
     finally:
         _ACTIVE = None
+        observer.OBSERVER = None
+
+
+class _Observer:
+    """What the loss stand-in of a traced step reports to (step/observer.py): this module's functions."""
+
+    def segment_mark(self, part: str, stub: str, inputs: Any, weight: Any, bias: Any, targets: Any,
+                     grad: Any) -> None:
+        segment_mark(part, stub, inputs, weight, bias, targets, grad)
+
+    def uncounted(self) -> Any:
+        return uncounted()
+
+    def head_called(self) -> None:
+        head_called()
+
+    def mark_accumulation(self, name: str, parameter: Any) -> None:
+        mark_accumulation(name, parameter)
 
 
 def _key(recorder: _Recorder, tensor: Any) -> int | None:

@@ -73,10 +73,10 @@ def test_a_template_of_a_mixture_of_experts_equals_a_trace(name: str, settings: 
 
 
 def test_above_a_sliding_window_a_template_equals_a_trace() -> None:
-    """Above the window the masks differ (sliding layers mask what the full ones keep); a template of that side
-    is read with a marker window below both marker lengths and checked at another window."""
+    """From the window's length on the masks differ (sliding layers mask what the full ones keep); a template of
+    that side is read with a marker window below both marker lengths and checked at another window."""
     pair = profiles.templated_profiles(config("google/gemma-2-2b", layers=2), LORA, 2, 4160)
-    assert pair is not None and pair.shortest == 4097 and pair.longest is None and not pair.covers(2, 4096)
+    assert pair is not None and pair.shortest == 4096 and pair.longest is None and not pair.covers(2, 4095)
     assert_exact(config("google/gemma-2-2b", layers=2), LORA, 2, 4160)
 
 
@@ -129,7 +129,8 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
     llama = config("meta-llama/Llama-3.1-8B")
     assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}))
     mistral = config("mistralai/Mistral-7B-v0.1")  # each side of the sliding window has its templates
-    assert templates.above_window(mistral, 8192) and not templates.above_window(mistral, 4096)
+    assert templates.above_window(mistral, 8192) and templates.above_window(mistral, 4096)
+    assert not templates.above_window(mistral, 4095)
     assert not templates.above_window(llama, 1 << 20)
     assert templates.template_key(mistral, LORA, True, above=True) != templates.template_key(mistral, LORA, True)
 
