@@ -42,9 +42,20 @@ def read(path: Path) -> Imported:
     return m.finish(data, [*_HANDLERS, *_QUIET])
 
 
+# axolotl's `rl` values (utils/schemas/enums.py RLType, at 067b021): each runs a TRL trainer of its own
+# (core/builders/rl.py), not supervised fine-tuning.
+_RL = {"dpo": "DPO, on pairs of answers against a reference model", "ipo": "IPO, on pairs of answers against a "
+       "reference model", "kto": "KTO, on answers labelled good or bad against a reference model",
+       "orpo": "ORPO, on pairs of answers", "simpo": "SimPO, on pairs of answers",
+       "grpo": "GRPO, reinforcement learning on answers the model generates and a reward scores",
+       "gdpo": "GDPO, reinforcement learning on answers the model generates and rewards score",
+       "ebft": "energy-based fine-tuning on answers the model generates"}
+
+
 def _check(m: Mapper, data: dict[str, Any]) -> None:
     """Values that make the run impossible to estimate, or that axolotl itself refuses (utils/schemas/validation.py:
     quantized weights without an adapter, validate_qlora's "Can't load qlora in 8bit")."""
+    _check_stage(m, data)
     if data.get("gptq") is True:
         raise m.error("gptq", "gptq: true trains adapters on a GPTQ checkpoint, whose weights are already quantized "
                       "by GPTQ: neither LoRA nor tunecast's QLoRA (bitsandbytes) can train on them",
@@ -62,6 +73,24 @@ def _check(m: Mapper, data: dict[str, Any]) -> None:
         raise m.error("adapter", "adapter: qlora needs load_in_4bit: true", "add load_in_4bit: true")
     if data.get("load_in_4bit") is True and adapter != "qlora":
         raise m.error("load_in_4bit", "4-bit weights need adapter: qlora", "set adapter: qlora")
+
+
+def _check_stage(m: Mapper, data: dict[str, Any]) -> None:
+    """A stage other than supervised fine-tuning (utils/schemas/config.py `rl`, `reward_model`,
+    `process_reward_model`; core/builders/causal.py trains those two with AxolotlRewardTrainer, AxolotlPRMTrainer)."""
+    rl = data.get("rl")
+    if rl is not None and rl != "":
+        what = _RL.get(str(rl).lower(), "a training stage of axolotl's RL trainers")
+        raise m.error("rl", f"rl {rl!r} trains by {what}: tunecast estimates supervised fine-tuning only",
+                      "estimate the supervised fine-tuning run: remove rl (and its rl_beta, dpo_*, kto_* keys)")
+    for key, what in (("reward_model", "a reward model (a scoring head trained on pairs of answers, TRL's "
+                                       "RewardTrainer)"),
+                      ("process_reward_model", "a process reward model (a head scoring each step of an answer, "
+                                               "TRL's PRMTrainer)")):
+        if data.get(key) is True:
+            raise m.error(key, f"{key}: true trains {what}: tunecast estimates supervised fine-tuning of a causal "
+                          "language model only", f"estimate the supervised fine-tuning run: remove {key} (and "
+                          "model_type AutoModelForSequenceClassification or AutoModelForTokenClassification)")
 
 
 def _adapter(m: Mapper, key: str, value: Any) -> None:
@@ -286,5 +315,7 @@ _QUIET: dict[str, str] = {
     "val_set_size": "a fraction of the dataset held out: tunecast counts held-out examples (eval.examples); set "
                     "that once the dataset's size is known",
     "gptq": "false: the base weights are not GPTQ's",
+    **dict.fromkeys(("rl", "reward_model", "process_reward_model"), "off: supervised fine-tuning, what tunecast "
+                                                                   "estimates"),
     "bnb_config_kwargs": "4-bit quantization details: tunecast estimates NF4 with double quantization",
 }

@@ -58,6 +58,7 @@ _LOSSES = ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss")
 def read(path: Path) -> Imported:
     """`path`'s torchtune config as a tunecast config (runner torchtune), with every key accounted for."""
     m, data = mp.start("torchtune", LABEL, path)
+    _check_stage(m, data)
     _model(m, data.get("model"))
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
     m.default("precision", "fp32")
@@ -78,6 +79,45 @@ def _steps_per_epoch(m: Mapper, data: dict[str, Any]) -> None:
                "its learning-rate schedule spans the capped steps where tunecast's spans the epochs'")
     else:
         m.skip("max_steps_per_epoch", steps, "null: every epoch runs to the end of the data")
+
+
+# Losses of the recipes that are not supervised fine-tuning (pytorch/torchtune at bd2a0fc: torchtune/rlhf/loss/
+# dpo.py DPOLoss, RSOLoss and ppo.py PPOLoss; GRPO's dev/grpo/loss.py GRPO*Loss and dev/rl/ LinearGRPOLoss), by the
+# stage their class names hold.
+_STAGE_LOSSES = {"DPO": "DPO, on pairs of answers against a reference model (recipe lora_dpo_single_device or "
+                        "*_dpo_distributed)",
+                 "RSO": "RSO, on pairs of answers against a reference model (the DPO recipes)",
+                 "PPO": "PPO, reinforcement learning on answers the model generates, with value, reward and "
+                        "reference models (recipe ppo_full_finetune_single_device)",
+                 "GRPO": "GRPO, reinforcement learning on answers the model generates (the dev GRPO recipes)"}
+_STAGE_MODULES = ("torchtune.rlhf.", "torchtune.dev.grpo.", "torchtune.dev.rl.")
+_SFT_HINT = ("estimate the supervised fine-tuning run: a config of lora_finetune_single_device or full_finetune_* "
+             "(model: with a builder, loss torchtune.modules.loss.LinearCrossEntropyLoss)")
+
+
+def _check_stage(m: Mapper, data: dict[str, Any]) -> None:
+    """A recipe that trains otherwise than supervised fine-tuning, told by its keys (recipes/ at bd2a0fc):
+    ppo_full_finetune_single_device.py builds `policy_model` and `reward_and_value_model`;
+    knowledge_distillation_{single_device,distributed}.py a `teacher_model` beside the student, with `kd_loss` and
+    `kd_ratio`; the DPO and GRPO recipes take a loss of torchtune.rlhf or torchtune.dev."""
+    if "policy_model" in data:
+        raise m.error("policy_model", "policy_model is the policy of PPO (recipe ppo_full_finetune_single_device), "
+                      "trained on answers it generates beside a value model, against reward and reference models: "
+                      "tunecast estimates supervised fine-tuning only", _SFT_HINT)
+    for key in ("teacher_model", "kd_loss", "kd_ratio"):
+        if key in data:
+            raise m.error(key, f"{key} is a key of knowledge distillation (recipe knowledge_distillation_single_device "
+                          "or _distributed), which runs a teacher model beside the student: tunecast estimates "
+                          "supervised fine-tuning of one model only", "estimate the student's supervised fine-tuning: "
+                          "the config without teacher_model, teacher_checkpointer, kd_loss and kd_ratio")
+    loss = data.get("loss")
+    component = loss.get("_component_") if isinstance(loss, dict) else None
+    if isinstance(component, str) and component.startswith(_STAGE_MODULES):
+        name = component.rpartition(".")[2]
+        stage = next((stage for stage in _STAGE_LOSSES if stage in name), None)
+        what = _STAGE_LOSSES[stage] if stage else "a stage other than supervised fine-tuning"
+        raise m.error("loss._component_", f"loss {component!r} trains by {what}: tunecast estimates supervised "
+                      "fine-tuning only", _SFT_HINT)
 
 
 def _model(m: Mapper, model: Any) -> None:

@@ -52,7 +52,30 @@ def read(path: Path) -> Imported:
     return m.finish(data, [*handlers, *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
 
 
+# Keys of TRL's DPOConfig that SFTConfig does not have (trl/trainer/dpo_config.py at f2cd577, and as it was before
+# the DPO refactor e3b7897, huggingface/trl#3906: max_prompt_length, rpo_alpha, reference_free …), and the values of
+# DPOConfig.loss_type (SFTConfig's are nll, chunked_nll and dft; "sft", which DPO can mix in, names no stage).
+_DPO_KEYS = ("beta", "max_prompt_length", "max_completion_length", "precompute_ref_log_probs",
+             "precompute_ref_batch_size", "ref_model_init_kwargs", "ref_adapter_name", "model_adapter_name",
+             "force_use_ref_model", "reference_free", "rpo_alpha", "sync_ref_model", "ref_model_mixup_alpha",
+             "ref_model_sync_steps", "f_divergence_type", "f_alpha_divergence_coef", "discopop_tau", "ld_alpha",
+             "use_weighting", "loss_weights", "label_smoothing", "generate_during_eval")
+_DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_pair",
+               "aot_unpaired", "discopop", "apo_zero", "apo_down", "sigmoid_norm")
+_DPO_HINT = "estimate the SFT run: a `trl sft --config` file (SFTConfig) without DPOConfig's keys"
+
+
 def _check(m: Mapper, data: dict[str, Any]) -> None:
+    for key, value in data.items():  # the first DPO key of the file names the refusal
+        if key in _DPO_KEYS:
+            raise m.error(key, f"{key} is a key of TRL's DPOConfig, not of SFTConfig: a DPO run (`trl dpo`), which "
+                          "trains on pairs of answers against a reference model; tunecast estimates supervised "
+                          "fine-tuning only", _DPO_HINT)
+        losses = value if isinstance(value, list) else [value]
+        if key == "loss_type" and any(str(loss) in _DPO_LOSSES for loss in losses):
+            raise m.error(key, f"loss_type {value!r} is a loss of TRL's DPOTrainer (DPOConfig.loss_type), not of "
+                          "SFTTrainer (nll, chunked_nll, dft): a DPO run, which trains on pairs of answers against a "
+                          "reference model; tunecast estimates supervised fine-tuning only", _DPO_HINT)
     if data.get("load_in_8bit") and data.get("load_in_4bit"):
         raise m.error("load_in_8bit", "is set together with load_in_4bit, which TRL refuses (trl/trainer/"
                       "model_config.py ModelConfig.__post_init__)", "keep load_in_4bit for NF4 weights, or "

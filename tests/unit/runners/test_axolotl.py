@@ -126,3 +126,30 @@ def test_yes_no_words_in_quotes_are_read_as_the_tool_reads_them(tmp_path: Path) 
     assert (spec.packing, spec.grad_checkpointing, spec.precision) == (True, False, "bf16")
     assert any(note.startswith("sample_packing, gradient_checkpointing, bf16: a yes/no word in quotes")
                for note in imported.notes)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("rl: dpo\n", r"`rl` \(line 3\): rl 'dpo' trains by DPO, on pairs of answers"),
+    ("rl: grpo\n", "rl 'grpo' trains by GRPO, reinforcement learning"),
+    ("rl: orpo\n", "rl 'orpo' trains by ORPO"),
+    ("rl: simpo\n", "rl 'simpo' trains by SimPO"),
+    ("rl: some_new_trainer\n", "rl 'some_new_trainer' trains by a training stage of axolotl's RL trainers"),
+    ("reward_model: true\n", r"`reward_model` \(line 3\): reward_model: true trains a reward model"),
+    ("process_reward_model: true\n", "process_reward_model: true trains a process reward model"),
+])
+def test_stages_other_than_supervised_fine_tuning_are_refused(tmp_path: Path, text: str, match: str) -> None:
+    path = tmp_path / "stage.yml"
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\n" + text, encoding="utf-8")
+    with pytest.raises(TunecastError, match=match) as refused:
+        axolotl.read(path)
+    assert refused.value.problems[0].field == text.partition(":")[0]
+
+
+def test_stage_keys_left_off_are_supervised_fine_tuning(tmp_path: Path) -> None:
+    path = tmp_path / "sft.yml"
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nrl:\nreward_model: false\n"
+                    "process_reward_model: false\n", encoding="utf-8")
+    imported = axolotl.read(path)
+    assert checked(imported).method == "lora"
+    assert "default applies" in reason(imported, "rl")
+    assert "supervised fine-tuning" in reason(imported, "reward_model")

@@ -27,8 +27,13 @@ REFUSED = {
     "llamafactory/qwen3_lora_dpo.yaml": ("stage", "stage 'dpo'"),
     "llamafactory/qwen3_lora_kto.yaml": ("stage", "stage 'kto'"),
     "llamafactory/qwen3_lora_reward.yaml": ("stage", "stage 'rm'"),
-    "torchtune/mistral/7B_full_ppo_low_memory.yaml": ("model._component_", "the model builder is missing"),
-    "trl/zephyr-7b-beta/dpo_config_qlora.yaml": ("model", "unknown model 'alignment-handbook/zephyr-7b-sft-qlora'"),
+    "axolotl/instruct-dpo-lora-8b.yml": ("rl", "rl 'dpo' trains by DPO"),
+    "axolotl/qlora-1b-kto.yaml": ("rl", "rl 'kto' trains by KTO"),
+    "axolotl/qwen2/reward-model.yaml": ("reward_model", "reward_model: true trains a reward model"),
+    "torchtune/8B_lora_dpo_single_device.yaml": ("loss._component_", "trains by DPO"),
+    "torchtune/llama3_2/8B_to_1B_KD_lora_single_device.yaml": ("teacher_model", "knowledge distillation"),
+    "torchtune/mistral/7B_full_ppo_low_memory.yaml": ("policy_model", "policy_model is the policy of PPO"),
+    "trl/zephyr-7b-beta/dpo_config_qlora.yaml": ("beta", "beta is a key of TRL's DPOConfig"),
     # multimodal models: offline, those of the Trainer-based tools only as models outside the catalog
     "axolotl/gemma3/gemma-3-4b-vision-qlora.yml": ("model", "unknown model 'google/gemma-3-4b-it'"),
     "axolotl/qwen2_5-vl/lora-7b.yaml": ("model", "unknown model 'Qwen/Qwen2.5-VL-7B-Instruct'"),
@@ -46,14 +51,8 @@ SFT_NOT_ESTIMATED = ["axolotl/lora-1b.yml", "axolotl/qlora-fsdp-70b.yaml",
 
 # Read today as supervised fine-tuning though they train otherwise: each should be refused (then moved to REFUSED).
 NOT_REFUSED_YET = {
-    "axolotl/instruct-dpo-lora-8b.yml": "`rl: dpo` is not a key the axolotl reader knows",
-    "axolotl/qlora-1b-kto.yaml": "`rl: kto` is not a key the axolotl reader knows",
-    "axolotl/qwen2/reward-model.yaml": "`reward_model: true` is not a key the axolotl reader knows",
     "llamafactory/v1/train_lora_dpo.yaml": "its DPO is in the dataset list data/v1_dpo_demo.yaml, looked for next "
                                            "to the config, not in the directory LLaMA-Factory runs from",
-    "torchtune/8B_lora_dpo_single_device.yaml": "loss DPOLoss is estimated as the supervised loss",
-    "torchtune/llama3_2/8B_to_1B_KD_lora_single_device.yaml": "teacher_model and kd_loss are not keys the torchtune "
-                                                              "reader knows",
 }
 
 # Keys of files read today that the readers list as "not a key of the tool's documented config (misspelt?)" though

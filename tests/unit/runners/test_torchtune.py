@@ -53,3 +53,32 @@ def test_missing_builder(tmp_path: Path) -> None:
     path.write_text("batch_size: 2\n", encoding="utf-8")
     with pytest.raises(TunecastError, match="builder is missing"):
         torchtune.read(path)
+
+
+@pytest.mark.parametrize(("text", "field", "match"), [
+    ("policy_model:\n  _component_: torchtune.models.mistral.mistral_7b\n", "policy_model", "policy of PPO"),
+    ("model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\nkd_ratio: 0.5\n", "kd_ratio",
+     "knowledge distillation"),
+    ("model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\nloss:\n"
+     "  _component_: torchtune.rlhf.loss.DPOLoss\n", "loss._component_", r"\(line 4\): loss .*DPOLoss' trains by DPO"),
+    ("model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b\nloss:\n"
+     "  _component_: torchtune.rlhf.loss.RSOLoss\n", "loss._component_", "trains by RSO"),
+    ("model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b\nloss:\n"
+     "  _component_: torchtune.dev.rl.linear_grpo_loss.LinearGRPOLoss\n", "loss._component_", "trains by GRPO"),
+])
+def test_stages_other_than_supervised_fine_tuning_are_refused(tmp_path: Path, text: str, field: str,
+                                                              match: str) -> None:
+    path = tmp_path / "stage.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(TunecastError, match=match) as refused:
+        torchtune.read(path)
+    assert refused.value.problems[0].field == field
+
+
+def test_a_supervised_loss_outside_the_stage_modules_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "sft.yaml"
+    path.write_text("model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_attn_modules: [q_proj]\n"
+                    "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n", encoding="utf-8")
+    imported = torchtune.read(path)
+    assert checked(imported).method == "lora"
+    assert "own loss" in reason(imported, "loss._component_")

@@ -98,3 +98,27 @@ def test_model_id_beside_model_name_or_path_is_not_a_trl_key(tmp_path: Path) -> 
     imported = trl.read(path)
     assert checked(imported).model == "Qwen/Qwen3-0.6B"
     assert "misspelt" in reason(imported, "model_id")
+
+
+@pytest.mark.parametrize(("text", "field", "match"), [
+    ("max_prompt_length: 512\nbeta: 0.1\n", "max_prompt_length", r"\(line 2\): max_prompt_length is a key of TRL's "
+                                                                  "DPOConfig, not of SFTConfig: a DPO run"),
+    ("loss_type: sigmoid\n", "loss_type", "loss_type 'sigmoid' is a loss of TRL's DPOTrainer"),
+    ("loss_type:\n- sft\n- apo_zero\n", "loss_type", r"loss_type \['sft', 'apo_zero'\] is a loss of TRL's DPOTrainer"),
+    ("rpo_alpha: 1.0\n", "rpo_alpha", "a DPO run"),
+])
+def test_dpo_configs_are_refused(tmp_path: Path, text: str, field: str, match: str) -> None:
+    path = tmp_path / "dpo.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-0.6B\n" + text, encoding="utf-8")
+    with pytest.raises(TunecastError, match=match) as refused:
+        trl.read(path)
+    assert refused.value.problems[0].field == field
+
+
+@pytest.mark.parametrize("loss", ["nll", "chunked_nll", "dft"])
+def test_sft_losses_are_read(tmp_path: Path, loss: str) -> None:
+    path = tmp_path / "sft.yaml"
+    path.write_text(f"model_name_or_path: Qwen/Qwen3-0.6B\nloss_type: {loss}\n", encoding="utf-8")
+    imported = trl.read(path)
+    assert checked(imported).method == "full"
+    assert "loss" in reason(imported, "loss_type")
