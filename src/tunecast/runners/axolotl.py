@@ -56,6 +56,13 @@ def _check(m: Mapper, data: dict[str, Any]) -> None:
     """Values that make the run impossible to estimate, or that axolotl itself refuses (utils/schemas/validation.py:
     quantized weights without an adapter, validate_qlora's "Can't load qlora in 8bit")."""
     _check_stage(m, data)
+    processor = data.get("processor_type")
+    if processor is not None and processor != "":
+        # A processor makes the run multimodal: axolotl loads it (loaders/processor.py, transformers' processor class
+        # by that name) and batches images with MultiModalChatDataCollator (core/builders/causal.py).
+        raise m.error("processor_type", f"processor_type {processor!r} trains a multimodal model (its processor "
+                      "feeds images beside the text): tunecast estimates text-only language models",
+                      "estimate a text model: a text-only base_model without processor_type")
     if data.get("gptq") is True:
         raise m.error("gptq", "gptq: true trains adapters on a GPTQ checkpoint, whose weights are already quantized "
                       "by GPTQ: neither LoRA nor tunecast's QLoRA (bitsandbytes) can train on them",
@@ -317,5 +324,6 @@ _QUIET: dict[str, str] = {
     "gptq": "false: the base weights are not GPTQ's",
     **dict.fromkeys(("rl", "reward_model", "process_reward_model"), "off: supervised fine-tuning, what tunecast "
                                                                    "estimates"),
+    "processor_type": "empty: a text-only model, what tunecast estimates",
     "bnb_config_kwargs": "4-bit quantization details: tunecast estimates NF4 with double quantization",
 }

@@ -153,3 +153,17 @@ def test_stage_keys_left_off_are_supervised_fine_tuning(tmp_path: Path) -> None:
     assert checked(imported).method == "lora"
     assert "default applies" in reason(imported, "rl")
     assert "supervised fine-tuning" in reason(imported, "reward_model")
+
+
+def test_a_processor_makes_the_run_multimodal_and_refused(tmp_path: Path) -> None:
+    path = tmp_path / "vision.yml"
+    path.write_text("base_model: Qwen/Qwen2.5-VL-7B-Instruct\nprocessor_type: AutoProcessor\nadapter: lora\n",
+                    encoding="utf-8")
+    with pytest.raises(TunecastError, match=r"`processor_type` \(line 2\): processor_type 'AutoProcessor' trains a "
+                                            "multimodal model") as refused:
+        axolotl.read(path)
+    assert [problem.field for problem in refused.value.problems] == ["processor_type"]
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nprocessor_type:\nadapter: lora\n", encoding="utf-8")
+    imported = axolotl.read(path)
+    assert checked(imported).method == "lora"
+    assert "default applies" in reason(imported, "processor_type")

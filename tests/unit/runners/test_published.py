@@ -34,9 +34,11 @@ REFUSED = {
     "torchtune/llama3_2/8B_to_1B_KD_lora_single_device.yaml": ("teacher_model", "knowledge distillation"),
     "torchtune/mistral/7B_full_ppo_low_memory.yaml": ("policy_model", "policy_model is the policy of PPO"),
     "trl/zephyr-7b-beta/dpo_config_qlora.yaml": ("beta", "beta is a key of TRL's DPOConfig"),
-    # multimodal models: offline, those of the Trainer-based tools only as models outside the catalog
-    "axolotl/gemma3/gemma-3-4b-vision-qlora.yml": ("model", "unknown model 'google/gemma-3-4b-it'"),
-    "axolotl/qwen2_5-vl/lora-7b.yaml": ("model", "unknown model 'Qwen/Qwen2.5-VL-7B-Instruct'"),
+    # multimodal models: axolotl's by its processor_type; offline, the other Trainer-based tools' only as models outside
+    # the catalog
+    "axolotl/gemma3/gemma-3-4b-vision-qlora.yml": ("processor_type", "processor_type 'AutoProcessor' trains a "
+                                                                     "multimodal model"),
+    "axolotl/qwen2_5-vl/lora-7b.yaml": ("processor_type", "processor_type 'AutoProcessor' trains a multimodal model"),
     "llamafactory/qwen3vl_lora_sft.yaml": ("model", "unknown model 'Qwen/Qwen3-VL-4B-Instruct'"),
     "llamafactory/v1/train_multimodal.yaml": ("model", "unknown model 'Qwen/Qwen3.5-0.8B'"),
     "torchtune/llama3_2_vision/11B_lora_single_device.yaml": ("model._component_", "is not one tunecast maps"),
