@@ -29,6 +29,7 @@ def read(path: Path) -> Imported:
     m, data = mp.start("axolotl", LABEL, path)
     _check(m, data)
     mp.run_handlers(m, data, _HANDLERS, _QUIET)
+    _model_quantization(m, data)
     mp.steps_replace_epochs(m, "num_epochs")
     for key, value in _DEFAULTS.items():
         m.default(key, value)
@@ -39,7 +40,7 @@ def read(path: Path) -> Imported:
         m.note("LoRA settings given without an adapter: full fine-tuning ignores them")
     if data.get("bf16", "auto") == "auto" and not data.get("fp16") and not data.get("fp8"):
         m.note("bf16: auto is bf16 on GPUs that support it (Ampere and newer); estimated as bf16")
-    return m.finish(data, [*_HANDLERS, *_QUIET])
+    return m.finish(data, [*_HANDLERS, *_QUIET, *_OWN])
 
 
 # axolotl's `rl` values (utils/schemas/enums.py RLType, at 067b021): each runs a TRL trainer of its own
@@ -260,6 +261,88 @@ def _liger_loss(m: Mapper, key: str, value: Any) -> None:
         m.skip(key, value, "false: the standard loss")
 
 
+def _parallel(m: Mapper, key: str, value: Any) -> None:
+    """axolotl's N-D parallelism (utils/schemas/config.py; accelerate's ParallelismConfig builds the mesh, and FSDP
+    shards over dp_shard × cp, accelerate parallelism_config.py fsdp_dim_names): tensor and context parallelism
+    split each GPU's share further, which tunecast does not model: the estimate per GPU is high, the safe side."""
+    size = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if size is not None and size <= 1:
+        m.skip(key, value, f"{value}: no {_PARALLEL[key][0]}")
+    elif key == "dp_replicate_size":
+        m.skip(key, value, f"{value} replicas of the sharded model (HSDP): each shards over dp_shard_size × "
+                           "context_parallel_size GPUs, where tunecast's fsdp shards over gpus.count: give gpus.count "
+                           "as one replica's GPUs (dp_shard × cp × tp) for the per-GPU estimate")
+    elif key == "dp_shard_size":
+        m.skip(key, value, f"FSDP shards the weights, gradients and optimizer states over {value} × "
+                           "context_parallel_size GPUs, as tunecast's fsdp shards them over gpus.count; the GPU count "
+                           "is the product of the parallel sizes, chosen at launch: give gpus.count (--gpus)")
+    else:
+        m.skip(key, value, f"{_PARALLEL[key][1]} over {value} GPUs: tunecast estimates no tensor or context "
+                           "parallelism, so the estimate per GPU runs high; the GPU count is the product of the "
+                           "parallel sizes, chosen at launch: give gpus.count (--gpus) for a multi-GPU estimate")
+
+
+_PARALLEL = {"tensor_parallel_size": ("tensor parallelism", "tensor parallelism splits each layer's weights and "
+                                      "activations"),
+             "context_parallel_size": ("context parallelism", "context parallelism splits each sequence"),
+             "sequence_parallel_degree": ("context parallelism", "context parallelism (sequence_parallel_degree, "
+                                          "the old name of context_parallel_size) splits each sequence"),
+             "dp_shard_size": ("sharding", ""), "dp_replicate_size": ("replication", "")}
+
+
+def _use_kernels(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.skip(key, value, "transformers' Hub kernels (utils/schemas/model.py: MegaBlocks for experts …): "
+                           f"{_NOT_MODELLED}, the estimate is of the standard layers (high)")
+    else:
+        m.skip(key, value, "false: the standard layers")
+
+
+def _tiled_mlp(m: Mapper, key: str, value: Any) -> None:
+    if value:
+        m.skip(key, value, "ALST's tiled MLP runs each MLP over slices of the sequence (monkeypatch/tiled_mlp), "
+                           "holding one slice's intermediate activations: not modelled, the estimate holds the whole "
+                           "sequence's (high)")
+    else:
+        m.skip(key, value, "false: the standard MLP")
+
+
+def _model_config(m: Mapper, key: str, value: Any) -> None:
+    """`model_config` (axolotl's alias of overrides_of_model_config, utils/schemas/deprecated.py): values set on the
+    model's config before loading (loaders/utils.py)."""
+    if not isinstance(value, dict):
+        m.skip(key, value, "overrides of the model's config.json: not applied to the estimate")
+        return
+    for name, item in value.items():
+        if name == "output_router_logits":
+            m.skip(f"{key}.{name}", item, "a mixture-of-experts router's logits kept for its load-balancing loss "
+                                          "(tokens × experts per layer, small beside the activations): not modelled")
+        else:
+            m.skip(f"{key}.{name}", item, "overrides the model's config.json before loading: the estimate is of the "
+                                          "model's own config, without it")
+
+
+def _model_quantization(m: Mapper, data: dict[str, Any]) -> None:
+    """`model_quantization_config` (utils/schemas/model.py: Mxfp4Config or FineGrainedFP8Config, built with
+    model_quantization_config_kwargs by loaders/model.py _set_quantization_config): a checkpoint stored in MXFP4 or
+    FP8, as gpt-oss is. With `dequantize: true` transformers unpacks it to bf16 while loading."""
+    name = data.get("model_quantization_config")
+    kwargs = data.get("model_quantization_config_kwargs")
+    dequantize = isinstance(kwargs, dict) and kwargs.get("dequantize") is True
+    if name is None:
+        for key in ("model_quantization_config", "model_quantization_config_kwargs"):
+            if key in data:
+                m.skip(key, data[key], "empty: the checkpoint's weights load as stored")
+        return
+    m.skip("model_quantization_config", name, "the checkpoint's own quantization, unpacked to bf16 while loading "
+           "(dequantize: true): the estimate's bf16 weights" if dequantize else "weights kept quantized by "
+           f"transformers' {name} where it has the kernels: estimated as bf16 weights (high)")
+    if "model_quantization_config_kwargs" in data:
+        m.skip("model_quantization_config_kwargs", kwargs, f"the arguments of {name}: see model_quantization_config")
+
+
+_OWN = ("model_quantization_config", "model_quantization_config_kwargs")  # read by read() itself
+
 _HANDLERS: dict[str, mp.Handler] = {
     "torch_compile": mp.flag("compile"),
     "base_model": mp.to("model"), "adapter": _adapter, "load_in_4bit": mp.four_bit, "load_in_8bit": mp.eight_bit,
@@ -282,6 +365,8 @@ _HANDLERS: dict[str, mp.Handler] = {
     "save_steps": mp.to("checkpoint.every_steps"), "save_total_limit": mp.to("checkpoint.keep"),
     "eval_steps": mp.to("eval.every_steps"),
     "fsdp": _fsdp, "fsdp_config": _fsdp_config, "fsdp_version": _fsdp_version, "deepspeed": mp.deepspeed,
+    **dict.fromkeys(_PARALLEL, _parallel), "tiled_mlp": _tiled_mlp, "model_config": _model_config,
+    "use_kernels": _use_kernels,
 }
 
 _NOT_MODELLED = "not modelled by tunecast's estimate"
@@ -305,17 +390,29 @@ _QUIET: dict[str, str] = {
                      "optim_args", "test_datasets", "do_causal_lm_eval", "eval_causal_lm_metrics",
                      "eval_table_size", "eval_max_new_tokens", "eval_strategy", "evaluation_strategy",
                      "evals_per_epoch", "saves_per_epoch", "include_tokens_per_second", "torch_compile_backend",
-                     "lora_on_cpu", "gpu_memory_limit", "low_cpu_mem_usage", "chat_template_kwargs"), NO_EFFECT),
+                     "lora_on_cpu", "gpu_memory_limit", "low_cpu_mem_usage", "chat_template_kwargs",
+                     "heads_k_stride", "ring_attn_func"), NO_EFFECT),
+    "eot_tokens": "the chat template's end-of-turn tokens, which decide the tokens trained on: " + NO_EFFECT,
+    "eval_batch_size": "evaluation's micro-batch (forward passes only, below the training step's memory): tunecast "
+                       "times evaluation at micro_batch",
+    "experimental_skip_move_to_device": "where the weights are placed while loading, before FSDP shards them: "
+                                        "no effect on the training step",
+    "min_sample_len": "drops examples shorter than this many tokens (utils/data/utils.py): tunecast counts the whole "
+                      "file; set dataset.examples and dataset.mean_tokens to plan with the examples kept",
+    **dict.fromkeys(("tiled_mlp_num_shards", "tiled_mlp_use_original_mlp"), "how ALST's tiled MLP slices: see "
+                                                                               "tiled_mlp"),
     **dict.fromkeys(("logging_steps", "wandb_project", "wandb_entity", "wandb_watch", "wandb_name",
                      "wandb_run_id", "wandb_log_model", "wandb_mode", "mlflow_tracking_uri", "mlflow_experiment_name",
                      "use_tensorboard", "comet_api_key", "comet_workspace", "comet_project_name",
-                     "use_wandb", "use_mlflow", "use_comet", "profiler_steps"), LOGGING),
+                     "use_wandb", "use_mlflow", "use_comet", "profiler_steps", "use_trackio",
+                     "trackio_project_name", "trackio_run_name", "trackio_space_id"), LOGGING),
     **dict.fromkeys(("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel",
                      "liger_rope", "liger_rms_norm", "liger_glu_activation", "liger_layer_norm",
                      "liger_cross_entropy", "cut_cross_entropy", "unsloth_lora_mlp",
                      "unsloth_lora_qkv", "unsloth_lora_o", "unsloth_cross_entropy_loss",
                      "unsloth_rms_norm", "unsloth_rope", "xformers_attention", "flex_attention",
-                     "s2_attention"), "a kernel " + _NOT_MODELLED + ": the estimate is of the standard layers (high)"),
+                     "s2_attention"),
+                    "a kernel " + _NOT_MODELLED + ": the estimate is of the standard layers (high)"),
     "chunked_cross_entropy": "axolotl's chunked cross-entropy still computes the whole logits: estimated as the "
                              "standard loss (a little high)",
     "chunked_cross_entropy_num_chunks": "axolotl's chunked cross-entropy: estimated as the standard loss",

@@ -49,7 +49,7 @@ def read(path: Path) -> Imported:
         for key, value in _LORA_DEFAULTS.items():
             m.default(key, value)
         mp.peft_default_targets(m, str(m.get("model") or ""))
-    return m.finish(data, [*handlers, *_QUIET, "dtype", "bf16", "fp16", "model_init_kwargs"])
+    return m.finish(data, [*handlers, *_QUIET, "dtype", "torch_dtype", "bf16", "fp16", "model_init_kwargs"])
 
 
 # Keys of TRL's DPOConfig that SFTConfig does not have (trl/trainer/dpo_config.py at f2cd577, and as it was before
@@ -171,8 +171,13 @@ def _precision(m: Mapper, data: dict[str, Any], load_dtype: str) -> None:
     id) with the Trainer's autocast (bf16 true by default unless fp16)."""
     given = data.get("model_init_kwargs")
     init: dict[str, Any] = given if isinstance(given, dict) else {}
-    dtype_key = next((f"model_init_kwargs.{k}" for k in ("dtype", "torch_dtype") if k in init), "dtype")
-    dtype = str(init.get(dtype_key.rpartition(".")[2]) or data.get("dtype") or load_dtype)
+    # ModelConfig.torch_dtype: the name of `dtype` until TRL 0.27 (trl/trainer/model_config.py, removed in bfd25d1),
+    # read only when dtype is not given (its __post_init__); the alignment-handbook's recipes write it.
+    top = "torch_dtype" if "torch_dtype" in data and "dtype" not in data else "dtype"
+    if top == "dtype" and "torch_dtype" in data:
+        m.skip("torch_dtype", data["torch_dtype"], "dtype is given and wins (TRL's ModelConfig.__post_init__)")
+    dtype_key = next((f"model_init_kwargs.{k}" for k in ("dtype", "torch_dtype") if k in init), top)
+    dtype = str(init.get(dtype_key.rpartition(".")[2]) or data.get(top) or load_dtype)
     fp16 = bool(data.get("fp16"))
     bf16 = data.get("bf16") is not False and not fp16
     if fp16 or dtype == "float16":
@@ -184,6 +189,8 @@ def _precision(m: Mapper, data: dict[str, Any], load_dtype: str) -> None:
         precision = "bf16"
         if dtype == "auto":
             m.note("dtype auto loads the checkpoint's dtype: estimated as bf16 weights")
+    if dtype_key != top and top in data:
+        m.skip(top, data[top], f"{dtype_key} is given and decides the load dtype")
     used = [key for key in ("bf16", "fp16", dtype_key) if key.partition(".")[0] in data]
     for key in used:
         m.put(key, "precision", precision)
@@ -279,4 +286,9 @@ _QUIET: dict[str, str] = {
     **dict.fromkeys(("use_liger_kernel", "lora_target_parameters"),
                     "a kernel or method tunecast does not model: the estimate is of the standard layers"),
     "padding_free": "padding-free batches hold no padding: tunecast estimates padded batches unless packing (high)",
+    "log_level": LOGGING,
+    # the alignment-handbook's own arguments beside TRL's (src/alignment/configs.py at 925acdf: SFTConfig.chat_template,
+    # ScriptArguments.dataset_mixture), which its scripts/sft.py reads
+    "chat_template": "the chat template the rows are rendered with: " + NO_EFFECT,
+    "dataset_mixture": "the alignment-handbook's mixture of Hub datasets: " + mp.HUB,
 }

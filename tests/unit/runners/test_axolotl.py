@@ -167,3 +167,20 @@ def test_a_processor_makes_the_run_multimodal_and_refused(tmp_path: Path) -> Non
     imported = axolotl.read(path)
     assert checked(imported).method == "lora"
     assert "default applies" in reason(imported, "processor_type")
+
+
+def test_parallelism_kernels_and_loading_keys(tmp_path: Path) -> None:
+    path = tmp_path / "nd.yml"
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\ntensor_parallel_size: 1\ncontext_parallel_size: 4\n"
+                    "dp_replicate_size: 2\ntiled_mlp: true\nuse_kernels: true\nmodel_config:\n"
+                    "  output_router_logits: true\n  num_hidden_layers: 2\nmodel_quantization_config: Mxfp4Config\n",
+                    encoding="utf-8")
+    imported = axolotl.read(path)
+    assert checked(imported).method == "full"
+    assert reason(imported, "tensor_parallel_size") == "1: no tensor parallelism"
+    assert "splits each sequence over 4 GPUs: tunecast estimates no" in reason(imported, "context_parallel_size")
+    assert "one replica's GPUs" in reason(imported, "dp_replicate_size")
+    assert "(high)" in reason(imported, "tiled_mlp") and "(high)" in reason(imported, "use_kernels")
+    assert "load-balancing loss" in reason(imported, "model_config.output_router_logits")
+    assert "without it" in reason(imported, "model_config.num_hidden_layers")
+    assert "kept quantized" in reason(imported, "model_quantization_config")

@@ -122,3 +122,18 @@ def test_sft_losses_are_read(tmp_path: Path, loss: str) -> None:
     imported = trl.read(path)
     assert checked(imported).method == "full"
     assert "loss" in reason(imported, "loss_type")
+
+
+@pytest.mark.parametrize(("text", "precision", "decides"), [
+    ("torch_dtype: bfloat16\n", "bf16", "torch_dtype"),
+    ("torch_dtype: float32\n", "bf16-mixed", "torch_dtype"),
+    ("dtype: float32\ntorch_dtype: bfloat16\n", "bf16-mixed", "dtype"),
+])
+def test_torch_dtype_is_the_old_name_of_dtype(tmp_path: Path, text: str, precision: str, decides: str) -> None:
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-0.6B\n" + text, encoding="utf-8")
+    imported = trl.read(path)
+    assert checked(imported).precision == precision
+    assert imported.mapped[decides] == ("precision",)
+    if decides == "dtype":
+        assert "dtype is given and wins" in reason(imported, "torch_dtype")
