@@ -51,6 +51,12 @@ _DATASET_FORMATS = {"alpaca_dataset": "alpaca", "alpaca_cleaned_dataset": "alpac
 _CHAT_STYLES = {"sharegpt": "sharegpt", "openai": "messages"}
 _ATTN = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
 _MLP = ["gate_proj", "up_proj", "down_proj"]
+# Builders of the Phi-3 architecture (torchtune/models/phi3/_component_builders.py; phi4's builders call it too):
+# torchtune splits the checkpoint's fused qkv_proj and gate_up_proj into q/k/v_proj and w1/w3
+# (phi3/_convert_weights.py); the Hugging Face model keeps them fused (catalog/data/modules.json, phi3).
+_FUSED_BUILDERS = ("phi3_mini", "phi4_14b")
+_FUSED_ATTN = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "output_proj": "o_proj"}
+_FUSED_MLP = ["gate_up_proj", "down_proj"]
 _DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16-mixed"}
 _LOSSES = ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss")
 
@@ -138,14 +144,19 @@ def _model(m: Mapper, model: Any) -> None:
     m.put("model._component_", "method", method)
     m.note(f"builder {builder} is the architecture of {BUILDERS[builder]} (base and instruct checkpoints alike)")
     if method != "full":
-        _lora(m, model)
+        _lora(m, model, builder in _FUSED_BUILDERS)
 
 
-def _lora(m: Mapper, model: dict[str, Any]) -> None:
+def _lora(m: Mapper, model: dict[str, Any], fused: bool) -> None:
     attention = model.get("lora_attn_modules") or []
-    targets = [_ATTN.get(str(name), str(name)) for name in attention]
+    names = _FUSED_ATTN if fused else _ATTN
+    targets = list(dict.fromkeys(names.get(str(name), str(name)) for name in attention))
+    if fused and any(str(name) in ("q_proj", "k_proj", "v_proj") for name in attention):
+        m.note("LoRA on torchtune's q_proj/k_proj/v_proj of a Phi-3 builder is estimated on the Hugging Face "
+               "model's fused qkv_proj: one adapter over the three projections, where torchtune has one per "
+               "projection named (the adapters differ by a few rank × hidden matrices per layer)")
     if model.get("apply_lora_to_mlp"):
-        targets += _MLP
+        targets += _FUSED_MLP if fused else _MLP
     if model.get("apply_lora_to_output"):
         targets.append("lm_head")
     for key in ("lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output"):

@@ -46,10 +46,8 @@ REFUSED = {
     "axolotl/lora-1b.yml": ("model", "unknown model 'NousResearch/Llama-3.2-1B'"),
     "axolotl/qlora-fsdp-70b.yaml": ("model", "unknown model 'casperhansen/llama-3-70b-fp16'"),
     "llamafactory/llama3_lora_sft_awq.yaml": ("model", "AWQ checkpoint by its name"),  # pre-quantized weights
-    "torchtune/phi3/mini_lora_single_device.yaml": ("lora.targets", "match no module of microsoft/Phi-3-mini-4k"),
 }
-SFT_NOT_ESTIMATED = ["axolotl/lora-1b.yml", "axolotl/qlora-fsdp-70b.yaml",
-                     "llamafactory/llama3_lora_sft_awq.yaml", "torchtune/phi3/mini_lora_single_device.yaml"]
+SFT_NOT_ESTIMATED = ["axolotl/lora-1b.yml", "axolotl/qlora-fsdp-70b.yaml", "llamafactory/llama3_lora_sft_awq.yaml"]
 
 # Read today as supervised fine-tuning though they train otherwise: each should be refused (then moved to REFUSED).
 NOT_REFUSED_YET = {
@@ -146,3 +144,10 @@ def test_published_keys_the_readers_learnt() -> None:
     for key in ("tensor_parallel_size", "context_parallel_size"):
         assert "estimate per GPU runs high" in reason(imported, key)
     assert "2 × context_parallel_size GPUs" in reason(imported, "dp_shard_size")
+
+
+def test_published_phi3_lora_targets_the_fused_modules() -> None:
+    """torchtune's Phi-3 splits qkv_proj and gate_up_proj; the Hugging Face model the estimate builds keeps them."""
+    spec = checked(torchtune.read(PUBLISHED / "torchtune" / "phi3" / "mini_lora_single_device.yaml"))
+    assert (spec.model, spec.lora.targets) == ("microsoft/Phi-3-mini-4k-instruct",
+                                               ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])

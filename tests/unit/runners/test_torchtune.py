@@ -82,3 +82,18 @@ def test_a_supervised_loss_outside_the_stage_modules_is_read(tmp_path: Path) -> 
     imported = torchtune.read(path)
     assert checked(imported).method == "lora"
     assert "own loss" in reason(imported, "loss._component_")
+
+
+@pytest.mark.parametrize(("builder", "attention", "mlp", "targets"), [
+    ("lora_phi3_mini", "[k_proj, output_proj]", "False", ["qkv_proj", "o_proj"]),
+    ("lora_phi4_14b", "[q_proj, v_proj]", "True", ["qkv_proj", "gate_up_proj", "down_proj"]),
+    ("lora_llama3_2_1b", "[q_proj, v_proj]", "True", ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]),
+])
+def test_phi3_builders_target_the_fused_hugging_face_modules(tmp_path: Path, builder: str, attention: str, mlp: str,
+                                                            targets: list[str]) -> None:
+    path = tmp_path / "lora.yaml"
+    path.write_text(f"model:\n  _component_: torchtune.models.x.{builder}\n  lora_attn_modules: {attention}\n"
+                    f"  apply_lora_to_mlp: {mlp}\n", encoding="utf-8")
+    imported = torchtune.read(path)
+    assert checked(imported).lora.targets == targets
+    assert any("fused qkv_proj" in note for note in imported.notes) == ("qkv_proj" in targets)
