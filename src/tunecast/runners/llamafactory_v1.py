@@ -245,15 +245,26 @@ def _context_parallel(m: Mapper, key: str, value: Any) -> None:
 
 def _train_dataset(m: Mapper, key: str, value: Any) -> None:
     """`train_dataset` as v1's DataEngine reads it: a local YAML of named datasets, a YAML on the Hub, a local file,
-    or a Hub dataset (core/data_engine.py _get_dataset_info). Relative paths are taken from the config's folder."""
+    or a Hub dataset (core/data_engine.py _get_dataset_info). v1 opens a relative path from the folder it runs in
+    (os.path.isfile), the repository root for its own examples (examples/v1/… name data/v1_*_demo.yaml): a dataset
+    list is looked for next to the config, then in the folders above it, then in the current directory, and the
+    list's own relative paths are taken from the folder it was found from."""
     text = str(value)
     local = mp.dataset_file(m, text)
     if text.endswith(".yaml"):
-        infos = _dataset_list(Path(local)) if local else None
-        if infos is None:
-            m.skip(key, value, f"{text} is not a local dataset list: " + mp.HUB)
+        run_folder = mp.run_folder(m, text)
+        infos = _dataset_list(run_folder / Path(text).expanduser()) if run_folder else None
+        if run_folder is None or infos is None:
+            m.skip(key, value, f"{text} is not a local dataset list (looked for from the config's folder and the "
+                               "folders above it): " + mp.HUB)
             return
-        _dataset_entries(m, key, value, infos)
+        if Path(text).expanduser().is_absolute():
+            run_folder = m.base_dir  # where v1 runs is unknown: the list's relative paths from the config's folder
+        elif run_folder != m.base_dir:
+            m.note(f"train_dataset {text} is read from {run_folder}, not the config's folder: LLaMA-Factory v1 opens "
+                   "it from the folder it runs in (core/data_engine.py); run from elsewhere, it reads another file or "
+                   "none")
+        _dataset_entries(m, key, value, infos, run_folder)
     elif local is not None:
         m.put(key, "dataset.path", local)
     else:
@@ -270,7 +281,7 @@ def _dataset_list(path: Path) -> dict[str, Any] | None:
     return document if isinstance(document, dict) else None
 
 
-def _dataset_entries(m: Mapper, key: str, value: Any, infos: dict[str, Any]) -> None:
+def _dataset_entries(m: Mapper, key: str, value: Any, infos: dict[str, Any], run_folder: Path) -> None:
     for name, info in infos.items():
         if isinstance(info, dict) and info.get("converter") == "pair":
             raise m.error(key, f"dataset {name!r} holds chosen and rejected answers (converter: pair): a DPO run "
@@ -282,7 +293,7 @@ def _dataset_entries(m: Mapper, key: str, value: Any, infos: dict[str, Any]) -> 
     name, info = next(iter(infos.items()))
     local = None
     if isinstance(info, dict) and info.get("source") == "local":  # v1's default source is the Hub
-        local = mp.dataset_file(m, info.get("path"))
+        local = mp.dataset_file(m, info.get("path"), run_folder)
     if local is None or not isinstance(info, dict):
         m.skip(key, value, f"{name!r} is not a local file: " + mp.HUB)
         return

@@ -321,6 +321,20 @@ def dataset_file(m: Mapper, value: Any, base: Path | None = None) -> str | None:
     return None
 
 
+def run_folder(m: Mapper, value: Any) -> Path | None:
+    """The folder a tool that opens a relative path from the folder it runs in would have to run in to find `value`:
+    the config's own, else the nearest folder above the config from which the path names a file (a repository's
+    examples/… configs run from the repository root, which holds their data/), else the current directory; None when
+    none does, or for an absolute path that is no file."""
+    if not isinstance(value, str) or not value:
+        return None
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return path.parent if path.is_file() else None
+    return next((folder for folder in (m.base_dir, *m.base_dir.parents, Path.cwd()) if (folder / path).is_file()),
+                None)
+
+
 def deepspeed(m: Mapper, tool_key: str, value: Any) -> None:
     """A DeepSpeed JSON file: ZeRO stage 2 or 3 → gpus.strategy, and what it offloads → gpus.offload."""
     document = value if isinstance(value, dict) else _deepspeed_file(m, value)

@@ -206,3 +206,22 @@ def test_v1_runs_that_cannot_be_estimated(tmp_path: Path, text: str, match: str)
     path.write_text(text, encoding="utf-8")
     with pytest.raises(TunecastError, match=match):
         llamafactory.read(path)
+
+
+def test_v1_dataset_list_is_found_from_the_repository_root_above_the_config(tmp_path: Path) -> None:
+    """LLaMA-Factory runs its examples/v1/… configs from the repository root, where their data/ is."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.json").write_text('[{"instruction": "a", "output": "b"}]', encoding="utf-8")
+    (tmp_path / "data" / "sft.yaml").write_text("mine:\n  path: data/rows.json\n  source: local\n  converter: alpaca\n",
+                                                encoding="utf-8")
+    folder = tmp_path / "examples" / "v1" / "train_lora"
+    folder.mkdir(parents=True)
+    (folder / "v1.yaml").write_text("model: Qwen/Qwen3-0.6B\ntrain_dataset: data/sft.yaml\n", encoding="utf-8")
+    imported = llamafactory.read(folder / "v1.yaml")
+    spec = checked(imported)
+    assert (spec.dataset.path, spec.dataset.format) == (str((tmp_path / "data" / "rows.json").resolve()), "alpaca")
+    assert any(f"is read from {tmp_path.resolve()}, not the config's folder" in note for note in imported.notes)
+    (tmp_path / "data" / "sft.yaml").write_text("pairs:\n  path: HuggingFaceH4/orca_dpo_pairs\n  converter: pair\n",
+                                                encoding="utf-8")
+    with pytest.raises(TunecastError, match=r"`train_dataset` \(line 2\): dataset 'pairs' holds chosen and rejected"):
+        llamafactory.read(folder / "v1.yaml")

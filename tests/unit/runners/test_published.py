@@ -5,6 +5,9 @@ or refused in one line naming the key. benchmarks/published_configs.py times the
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 from tests.unit.runners.helpers import DATA, checked, reason
 
@@ -27,6 +30,7 @@ REFUSED = {
     "llamafactory/qwen3_lora_dpo.yaml": ("stage", "stage 'dpo'"),
     "llamafactory/qwen3_lora_kto.yaml": ("stage", "stage 'kto'"),
     "llamafactory/qwen3_lora_reward.yaml": ("stage", "stage 'rm'"),
+    "llamafactory/v1/train_lora_dpo.yaml": ("train_dataset", "dataset 'dpo_zh_demo' holds chosen and rejected"),
     "axolotl/instruct-dpo-lora-8b.yml": ("rl", "rl 'dpo' trains by DPO"),
     "axolotl/qlora-1b-kto.yaml": ("rl", "rl 'kto' trains by KTO"),
     "axolotl/qwen2/reward-model.yaml": ("reward_model", "reward_model: true trains a reward model"),
@@ -50,9 +54,14 @@ REFUSED = {
 SFT_NOT_ESTIMATED = ["axolotl/lora-1b.yml", "axolotl/qlora-fsdp-70b.yaml", "llamafactory/llama3_lora_sft_awq.yaml"]
 
 # Read today as supervised fine-tuning though they train otherwise: each should be refused (then moved to REFUSED).
-NOT_REFUSED_YET = {
-    "llamafactory/v1/train_lora_dpo.yaml": "its DPO is in the dataset list data/v1_dpo_demo.yaml, looked for next "
-                                           "to the config, not in the directory LLaMA-Factory runs from",
+NOT_REFUSED_YET: dict[str, str] = {}
+
+# Files of the source repository a published config opens from where the tool runs (its repository root), which this
+# corpus does not copy: for these the config is read at its path in the source repository, beside copies of them
+# (tests/data/runners/llamafactory/v1/README.md: the same commit's data/v1_dpo_demo.yaml).
+SOURCE_FILES = {
+    "llamafactory/v1/train_lora_dpo.yaml": {"data/v1_dpo_demo.yaml": DATA / "llamafactory" / "v1" / "data" /
+                                            "v1_dpo_demo.yaml"},
 }
 
 # Keys of files read today that the readers list as "not a key of the tool's documented config (misspelt?)" though
@@ -67,14 +76,29 @@ def _tool(name: str) -> str:
     return name.split("/")[0]
 
 
-def _sources() -> dict[str, str]:
-    """The README's table: each file with what it trains (`| file | trains | repository | path | commit | …`)."""
+def _sources(column: int = 1) -> dict[str, str]:
+    """The README's table: each file with what it trains (`| file | trains | repository | path | commit | …`), or
+    another column."""
     rows = {}
     for line in (PUBLISHED / "README.md").read_text(encoding="utf-8").splitlines():
         cells = [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
         if len(cells) == 6 and cells[0].endswith((".yml", ".yaml")):
-            rows[cells[0]] = cells[1]
+            rows[cells[0]] = cells[column]
     return rows
+
+
+def _placed(name: str, root: Path) -> Path:
+    """The published file to read: itself, or, for one in SOURCE_FILES, a copy at its path in the source repository
+    under `root`, with the repository files it opens."""
+    if name not in SOURCE_FILES:
+        return PUBLISHED / name
+    config = root / _sources(column=3)[name]
+    config.parent.mkdir(parents=True)
+    shutil.copyfile(PUBLISHED / name, config)
+    for path, copy in SOURCE_FILES[name].items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(copy, root / path)
+    return config
 
 
 def _loaded(imported: Imported, catalog: Catalog) -> LoadedSpec:
@@ -85,6 +109,14 @@ def _loaded(imported: Imported, catalog: Catalog) -> LoadedSpec:
 def test_every_file_has_its_source() -> None:
     assert sorted(_sources()) == FILES
     assert {*REFUSED, *NOT_REFUSED_YET} <= set(FILES) and not set(REFUSED) & set(NOT_REFUSED_YET)
+    assert set(SOURCE_FILES) <= set(REFUSED) and all(copy.is_file() for files in SOURCE_FILES.values()
+                                                     for copy in files.values())
+
+
+def test_a_file_opened_from_the_repository_root_is_not_beside_the_published_copy(catalog: Catalog) -> None:
+    """Without its repository around it, train_lora_dpo.yaml's dataset list is nowhere: read, the list unread."""
+    imported = read_config("llamafactory", PUBLISHED / "llamafactory" / "v1" / "train_lora_dpo.yaml")
+    assert "not a local dataset list" in reason(imported, "train_dataset")
 
 
 @pytest.mark.parametrize("name", READ)
@@ -97,10 +129,11 @@ def test_read_into_a_valid_config(name: str, catalog: Catalog) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
-def test_refused_in_one_line_naming_the_key(name: str, catalog: Catalog) -> None:
+def test_refused_in_one_line_naming_the_key(name: str, catalog: Catalog, tmp_path: Path) -> None:
     key, text = REFUSED[name]
+    path = _placed(name, tmp_path)
     with pytest.raises(TunecastError) as refused:
-        _loaded(read_config(_tool(name), PUBLISHED / name), catalog)
+        _loaded(read_config(_tool(name), path), catalog)
     errors = [problem for problem in refused.value.problems if problem.severity == "error"]
     assert [problem.field for problem in errors] == [key]
     assert text in errors[0].message and "\n" not in errors[0].message
