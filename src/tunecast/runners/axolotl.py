@@ -87,7 +87,7 @@ def _check_stage(m: Mapper, data: dict[str, Any]) -> None:
     """A stage other than supervised fine-tuning (utils/schemas/config.py `rl`, `reward_model`,
     `process_reward_model`; core/builders/causal.py trains those two with AxolotlRewardTrainer, AxolotlPRMTrainer)."""
     rl = data.get("rl")
-    if rl is not None and rl != "":
+    if rl not in (None, "", False):
         what = _RL.get(str(rl).lower(), "a training stage of axolotl's RL trainers")
         raise m.error("rl", f"rl {rl!r} trains by {what}: tunecast estimates supervised fine-tuning only",
                       "estimate the supervised fine-tuning run: remove rl (and its rl_beta, dpo_*, kto_* keys)")

@@ -153,6 +153,8 @@ def test_stage_keys_left_off_are_supervised_fine_tuning(tmp_path: Path) -> None:
     assert checked(imported).method == "lora"
     assert "default applies" in reason(imported, "rl")
     assert "supervised fine-tuning" in reason(imported, "reward_model")
+    path.write_text("base_model: meta-llama/Llama-3.1-8B\nadapter: lora\nrl: false\n", encoding="utf-8")
+    assert "supervised fine-tuning" in reason(axolotl.read(path), "rl")
 
 
 def test_a_processor_makes_the_run_multimodal_and_refused(tmp_path: Path) -> None:
