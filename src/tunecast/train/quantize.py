@@ -23,6 +23,7 @@ training after an evaluation would pass no gradient through the layer. So tuneca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,28 +33,37 @@ from tunecast.step.setup import decoder_layers
 from tunecast.units import BYTES_PER_GIB, format_params
 
 
-def quantize_nf4(model: Any, *, compute_dtype: torch.dtype, double_quant: bool, device: str) -> Any:
-    """Replace the decoder layers' Linear modules by NF4 Linear4bit (the output head and embeddings stay
-    in the compute dtype, as bitsandbytes' default `llm_int8_skip_modules` keeps them)."""
-    import bitsandbytes as bnb
-
+def _replace_linears(model: Any, quantized: Callable[[torch.nn.Linear], torch.nn.Module], device: str) -> Any:
+    """Replace every Linear module of the decoder layers by `quantized(linear)`, moved to `device` (the output head
+    and embeddings stay as they are)."""
     for layer in decoder_layers(model):
         for parent in list(layer.modules()):
             for name, child in list(parent.named_children()):
                 if type(child) is not torch.nn.Linear:
                     continue
-                quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                              compute_dtype=compute_dtype, compress_statistics=double_quant,
-                                              quant_type="nf4", device="meta")
-                quantized.weight = bnb.nn.Params4bit(child.weight.data.to(compute_dtype).cpu(), requires_grad=False,
-                                                     compress_statistics=double_quant, quant_type="nf4")
-                if child.bias is not None:
-                    quantized.bias = torch.nn.Parameter(child.bias.data.to(compute_dtype), requires_grad=False)
-                # no CPU inference repacking (see the module docstring): any width, and gradients after an eval
-                quantized.support_avx512bf16_for_cpu = False
-                setattr(parent, name, quantized.to(device))
+                setattr(parent, name, quantized(child).to(device))
                 del child
     return model
+
+
+def quantize_nf4(model: Any, *, compute_dtype: torch.dtype, double_quant: bool, device: str) -> Any:
+    """Replace the decoder layers' Linear modules by NF4 Linear4bit (the output head and embeddings stay
+    in the compute dtype, as bitsandbytes' default `llm_int8_skip_modules` keeps them)."""
+    import bitsandbytes as bnb
+
+    def nf4(child: torch.nn.Linear) -> torch.nn.Module:
+        quantized = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=compute_dtype, compress_statistics=double_quant,
+                                      quant_type="nf4", device="meta")
+        quantized.weight = bnb.nn.Params4bit(child.weight.data.to(compute_dtype).cpu(), requires_grad=False,
+                                             compress_statistics=double_quant, quant_type="nf4")
+        if child.bias is not None:
+            quantized.bias = torch.nn.Parameter(child.bias.data.to(compute_dtype), requires_grad=False)
+        # no CPU inference repacking (see the module docstring): any width, and gradients after an eval
+        quantized.support_avx512bf16_for_cpu = False
+        return quantized
+
+    return _replace_linears(model, nf4, device)
 
 
 # transformers' BitsAndBytesConfig defaults for load_in_8bit (utils/quantization_config.py): LLM.int8's outlier
@@ -69,20 +79,15 @@ def quantize_int8(model: Any, *, device: str) -> Any:
     per row, CB and SCB)."""
     import bitsandbytes as bnb
 
-    for layer in decoder_layers(model):
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is not torch.nn.Linear:
-                    continue
-                quantized = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=child.bias is not None,
-                                                has_fp16_weights=False, threshold=LLM_INT8_THRESHOLD, device="meta")
-                quantized.weight = bnb.nn.Int8Params(child.weight.data.cpu(), requires_grad=False,
-                                                     has_fp16_weights=False)
-                if child.bias is not None:
-                    quantized.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-                setattr(parent, name, quantized.to(device))
-                del child
-    return model
+    def int8(child: torch.nn.Linear) -> torch.nn.Module:
+        quantized = bnb.nn.Linear8bitLt(child.in_features, child.out_features, bias=child.bias is not None,
+                                        has_fp16_weights=False, threshold=LLM_INT8_THRESHOLD, device="meta")
+        quantized.weight = bnb.nn.Int8Params(child.weight.data.cpu(), requires_grad=False, has_fp16_weights=False)
+        if child.bias is not None:
+            quantized.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+        return quantized
+
+    return _replace_linears(model, int8, device)
 
 
 @dataclass(frozen=True)
