@@ -666,6 +666,24 @@ class SegmentTrace:
     sums: dict[str, float]  # the figures trace_step sums over a counted pass (bytes written and moved, kernels)
 
 
+def _torch_dtype(name: str) -> Any:
+    """A dtype as a mark writes it ("torch.bfloat16")."""
+    import torch
+
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def _loss_head(hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool) -> Any:
+    """The output head a loss traced alone takes, as the step's (under the caller's FakeTensorMode)."""
+    import torch
+
+    head = torch.nn.Linear(hidden, vocab, bias=bias, dtype=_torch_dtype(weight_dtype))
+    head.weight.requires_grad_(trains)
+    if head.bias is not None:
+        head.bias.requires_grad_(bias_trains)
+    return head
+
+
 def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
                   autocast: str | None, category: str, backward_category: str, softcap: float | None,
@@ -687,19 +705,13 @@ def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: st
 
     from tunecast.step.loss import segment_total
 
-    def dtype(name: str) -> Any:
-        return getattr(torch, name.removeprefix("torch."))
-
-    cast = dtype(autocast) if autocast is not None else None
+    cast = _torch_dtype(autocast) if autocast is not None else None
     recorder = _Recorder()
     mode = FakeTensorMode()
     with mode, _no_gc():
-        head = torch.nn.Linear(hidden, vocab, bias=bias, dtype=dtype(weight_dtype))
-        head.weight.requires_grad_(trains)
-        if head.bias is not None:
-            head.bias.requires_grad_(bias_trains)
+        head = _loss_head(hidden, vocab, weight_dtype, trains, bias, bias_trains)
         head.register_forward_pre_hook(lambda module, args: setattr(recorder, "category", "temporaries"))
-        base = torch.empty(inputs_shape, dtype=dtype(inputs_dtype), requires_grad=True)
+        base = torch.empty(inputs_shape, dtype=_torch_dtype(inputs_dtype), requires_grad=True)
         for tensor in (head.weight, head.bias, base):  # the step's tensors: views of them allocate nothing
             if tensor is not None:
                 recorder.track(tensor)
@@ -769,16 +781,12 @@ def segment_flops(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: 
 
     from tunecast.step.loss import segment_total
 
-    def dtype(name: str) -> Any:
-        return getattr(torch, name.removeprefix("torch."))
-
-    cast = dtype(autocast) if autocast is not None else None
+    cast = _torch_dtype(autocast) if autocast is not None else None
     counter = FlopCounterMode(display=False)
     with warnings.catch_warnings(), FakeTensorMode(), _no_gc():
         warnings.simplefilter("ignore")
-        head = torch.nn.Linear(hidden, vocab, bias=bias, dtype=dtype(weight_dtype))
-        head.weight.requires_grad_(trains)
-        inputs = torch.empty(inputs_shape, dtype=dtype(inputs_dtype), requires_grad=True)
+        head = _loss_head(hidden, vocab, weight_dtype, trains, bias, bias_trains=False)
+        inputs = torch.empty(inputs_shape, dtype=_torch_dtype(inputs_dtype), requires_grad=True)
         with counter:
             with torch.autocast("cpu", dtype=cast, enabled=cast is not None):
                 loss = segment_total(variant, inputs, head, torch.zeros(targets_shape, dtype=torch.long), softcap,
