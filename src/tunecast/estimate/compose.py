@@ -15,9 +15,11 @@ runners' steps, event by event.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
@@ -45,6 +47,24 @@ def stub_settings(settings: TraceSettings) -> TraceSettings:
     return replace(settings, runner_step=step)
 
 
+_ONCE: ContextVar[bool] = ContextVar("repeats_once", default=False)
+
+
+@contextlib.contextmanager
+def repeats_once() -> Iterator[None]:
+    """Within: the loss is traced with its repeated chunks run once (step/observer.py REPEATS_ONCE), the same peak and
+    reserve at a fraction of the trace, for a limit's checks (fit.py) that read memory only."""
+    token = _ONCE.set(True)
+    try:
+        yield
+    finally:
+        _ONCE.reset(token)
+
+
+def repeating_once() -> bool:
+    return _ONCE.get()
+
+
 # What of a mark the loss's trace depends on (not the keys of the step's tensors, which differ with depth).
 _TRACED = ("inputs_dtype", "weight_dtype", "trains", "bias", "bias_trains", "autocast", "category")
 
@@ -53,12 +73,13 @@ def _segment(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[i
              forward: str, backward: str, softcap: float | None, compiled: bool) -> SegmentTrace:
     first, second = json.loads(forward), json.loads(backward)
     return _traced(variant, inputs_shape, targets_shape, hidden, vocab, tuple(first[name] for name in _TRACED),
-                   second["category"], softcap, compiled)
+                   second["category"], softcap, compiled, repeating_once())
 
 
 @functools.lru_cache(maxsize=16)
 def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...], hidden: int, vocab: int,
-            traced: tuple[Any, ...], backward_category: str, softcap: float | None, compiled: bool) -> SegmentTrace:
+            traced: tuple[Any, ...], backward_category: str, softcap: float | None, compiled: bool,
+            once: bool) -> SegmentTrace:
     from tunecast.estimate.tracer import trace_segment
 
     fields = dict(zip(_TRACED, traced, strict=True))
@@ -66,7 +87,7 @@ def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[in
                          targets_shape=targets_shape, hidden=hidden, vocab=vocab, weight_dtype=fields["weight_dtype"],
                          trains=fields["trains"], bias=fields["bias"], bias_trains=fields["bias_trains"],
                          autocast=fields["autocast"], category=fields["category"],
-                         backward_category=backward_category, softcap=softcap, compiled=compiled)
+                         backward_category=backward_category, softcap=softcap, compiled=compiled, once=once)
 
 
 def _marks(events: list[ProfileEvent]) -> dict[int, dict[str, str]]:

@@ -21,6 +21,12 @@ from tunecast.estimate.profiles import NeedsTrace
 
 MAX_MICRO_BATCH = 4096
 SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
+# A limit of a composed step (`_solved`): rounds of solving the stand-in's polynomials plus the loss's measured memory,
+# before what is left open is closed with the composed step itself.
+SOLVE_ROUNDS = 2
+# ... and how close to the exact limit such a limit is taken: the largest value verified to fit, at most this share
+# below the first that does not (exact below 100: a micro-batch, a short length).
+SOLVE_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -76,10 +82,73 @@ def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
     return low
 
 
+def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known: tuple[int, float], capacity: float,
+            low: int, high: int) -> int:
+    """Largest n in [low, high] with exact(n) <= capacity (low - 1 when none), where exact costs a trace of the loss at
+    each n (a composed step) and proxy is the same step with the loss's stand-in (template polynomials: no trace); to
+    within SOLVE_TOLERANCE of it: the n returned is verified to fit, and n + 1 + ⌊n × SOLVE_TOLERANCE⌋ not to.
+
+    Solved, not searched: the gap exact − proxy (the loss's own memory) is measured where exact is known (`known`, the
+    asked shape, first) and taken linear in n (`_gap_line`), and proxy plus that gap is solved over the polynomials;
+    the solution is checked with the composed step on both sides (n fits, n + 1 does not), and a check that fails adds
+    its measurement for the next solve. After SOLVE_ROUNDS, what is left open (a few values, the allocator's rounding
+    being all the line misses) is closed from the last measurement outward in doubling steps, then bisected."""
+    fitting, failing = low - 1, high + 1  # the largest n known to fit, the smallest known not to
+    gaps: list[tuple[int, float]] = []
+
+    def fits(n: int, value: float | None = None) -> bool:
+        nonlocal fitting, failing
+        value = exact(n) if value is None else value
+        gaps.append((n, value - proxy(n)))
+        if value <= capacity:
+            fitting = max(fitting, n)
+            return True
+        failing = min(failing, n)
+        return False
+
+    def margin(n: int) -> int:
+        return int(max(n, 0) * SOLVE_TOLERANCE)
+
+    def closed() -> bool:
+        return failing - fitting <= 1 + margin(fitting)
+
+    if low <= known[0] <= high:
+        fits(*known)
+    for _ in range(SOLVE_ROUNDS):
+        if closed():
+            return fitting
+        guess = _largest(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n) <= capacity,  # type: ignore[misc]
+                         fitting + 1, failing - 1)
+        # then the other side of the tolerance: below a guess that does not fit, above one that does
+        other = guess - 1 - margin(guess) if guess > fitting and not fits(guess) else guess + 1 + margin(guess)
+        if fitting < other < failing:
+            fits(other)
+    step = 1 + margin(fitting)
+    while not closed():  # outward from the last measurement, in doubling steps, then bisected
+        if gaps[-1][0] == fitting:
+            fits(fitting + step if step < failing - fitting else (fitting + failing) // 2)
+        else:
+            fits(failing - step if step < failing - fitting else (fitting + failing) // 2)
+        step *= 2
+    return fitting
+
+
+def _gap_line(gaps: list[tuple[int, float]]) -> Callable[[int], float]:
+    """The gap at n: through the last measurement, with the slope of the two measurements farthest apart (near ones
+    would turn the allocator's rounding into a slope); constant with one measurement."""
+    if not gaps:
+        return lambda n: 0.0
+    last, at_last = gaps[-1]
+    first = min(gaps, key=lambda item: item[0])
+    final = max(gaps, key=lambda item: item[0])
+    slope = 0.0 if final[0] == first[0] else (final[1] - first[1]) / (final[0] - first[0])
+    return lambda n: at_last + slope * (n - last)
+
+
 Total = Callable[..., float]
-"""total(run_spec, micro_batch=…, seq_len=…, exact=…, trace=…) → per-GPU device memory in GiB of that run.
-`exact` says the answer is wanted at this one shape (no sweep will follow); `trace=False` raises NeedsTrace
-where the answer would need a trace."""
+"""total(run_spec, micro_batch=…, seq_len=…, exact=…, trace=…, stand_in=…) → per-GPU device memory in GiB of that
+run. `exact` says the answer is wanted at this one shape (no sweep will follow); `trace=False` raises NeedsTrace
+where the answer would need a trace; `stand_in` takes a composed step with its loss's stand-in (estimate_memory)."""
 
 
 def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Overhead, ...]) -> Total:
@@ -88,9 +157,10 @@ def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Over
 
     on_cpu = is_cpu(gpu)
 
-    def total(run: RunSpec, *, exact: bool = False, trace: bool = True, **shape: int) -> float:
+    def total(run: RunSpec, *, exact: bool = False, trace: bool = True, stand_in: bool = False, **shape: int) -> float:
         return estimate_memory(run, config_data, device="cpu" if on_cpu else "cuda", gpu=None if on_cpu else gpu,
-                               overheads=overheads, exact_shape=exact, trace=trace, **shape).device_total_gib
+                               overheads=overheads, exact_shape=exact, trace=trace, stand_in=stand_in,
+                               **shape).device_total_gib
 
     return total
 
@@ -100,9 +170,20 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
     """Whether `spec` fits `gpu`, its largest micro-batch and length, and changes that would make it fit
     (each with its figure where a template or the cache serves it, or `trace_suggestions` lets it trace)."""
     capacity = gpu.usable_memory_gib
-    max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
     seq_cap = context_len or 1 << 20
-    max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)
+    if estimate.composed:  # each shape would trace the loss: the limits are solved (see _solved)
+        from tunecast.estimate.compose import repeats_once
+
+        known = estimate.device_total_gib
+        with repeats_once():  # the checks read memory only
+            max_batch = _solved(lambda b: total(spec, micro_batch=b),
+                                lambda b: total(spec, micro_batch=b, stand_in=True),
+                                (estimate.micro_batch, known), capacity, 1, MAX_MICRO_BATCH)
+            max_seq = _solved(lambda s: total(spec, seq_len=s), lambda s: total(spec, seq_len=s, stand_in=True),
+                              (estimate.seq_len, known), capacity, 1, seq_cap)
+    else:
+        max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
+        max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)
     fits = estimate.device_total_gib <= capacity
     warnings: list[str] = []
     if 1 <= max_batch <= SMALL_MICRO_BATCH and spec.micro_batch_size > max_batch:

@@ -89,6 +89,7 @@ class MemoryEstimate:
     micro_batch: int
     seq_len: int
     notes: tuple[str, ...]
+    composed: bool = False  # the step's loss traced alone and composed onto its template (estimate/compose.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -547,12 +548,19 @@ def _check_expert_precision(spec: RunSpec, settings: TraceSettings, config_data:
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
                     overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
                     micro_batch: int | None = None, seq_len: int | None = None,
-                    pair: ProfilePair | None = None, exact_shape: bool = False, trace: bool = True
-                    ) -> MemoryEstimate:
+                    pair: ProfilePair | None = None, exact_shape: bool = False, trace: bool = True,
+                    stand_in: bool = False) -> MemoryEstimate:
     """Per-GPU memory of a training step of `spec` on `device` ("cuda" or "cpu"). `exact_shape` traces
     only this micro-batch and length when nothing is cached (cheaper; no sweeps from it). Without `trace`,
-    settings that neither a template nor the cache serves raise NeedsTrace (profiles.py)."""
+    settings that neither a template nor the cache serves raise NeedsTrace (profiles.py). With `stand_in`, a step
+    whose loss is composed (compose.py) is taken with the loss's stand-in instead: the rest of the step, from its
+    template's polynomials, without the loss's own tensors (fit.py solves limits with it)."""
     settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing, device=device)
+    if stand_in:
+        from tunecast.estimate.compose import composable, stub_settings
+
+        if composable(settings):
+            settings = stub_settings(settings)
     _check_expert_precision(spec, settings, config_data)
     batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
@@ -624,5 +632,6 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         micro_batch=batch,
         seq_len=seq,
         notes=tuple(step.notes),
+        composed=composed,
     )
 

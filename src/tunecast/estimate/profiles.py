@@ -260,7 +260,7 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     return _composed(pair, config_data, settings, batch, seq)
 
 
-_COMPOSED: dict[tuple[int, TraceSettings, int, int], ProfilePair | None] = {}
+_COMPOSED: dict[tuple[int, TraceSettings, int, int, bool], ProfilePair | None] = {}
 COMPOSED_KEPT = 64
 
 
@@ -272,7 +272,8 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
 
     if not compose.composable(settings):
         return pair
-    key = (id(pair), settings, batch, seq)
+    once = compose.repeating_once()
+    key = (id(pair), settings, batch, seq, once)
     if key not in _COMPOSED:
         if len(_COMPOSED) >= COMPOSED_KEPT:
             _COMPOSED.clear()
@@ -283,7 +284,7 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
         except compose.NotComposable:
             _COMPOSED[key] = None
         else:
-            origin = f"composed {batch}x{seq} {'-'.join(settings.runner_step)} {pair.origin}"
+            origin = f"composed {batch}x{seq}{' once' if once else ''} {'-'.join(settings.runner_step)} {pair.origin}"
             _COMPOSED[key] = ProfilePair(profiles[0], profiles[1], pair.layers, (batch, seq), single=pair.single,
                                          longest=pair.longest, shortest=pair.shortest, origin=origin)
     return _COMPOSED[key]

@@ -687,13 +687,20 @@ def _loss_head(hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: b
 def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
                   autocast: str | None, category: str, backward_category: str, softcap: float | None,
-                  compiled: bool) -> SegmentTrace:
+                  compiled: bool, once: bool = False) -> SegmentTrace:
     """Trace the loss `variant` (step/loss.py SEGMENT_LOSSES) alone on fake tensors of the real size, as it runs
-    in a traced step: its inputs held by the step, its result's gradient made by the step's backward pass."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return _trace_segment(variant, inputs_shape, inputs_dtype, targets_shape, hidden, vocab, weight_dtype,
-                              trains, bias, bias_trains, autocast, category, backward_category, softcap, compiled)
+    in a traced step: its inputs held by the step, its result's gradient made by the step's backward pass. `once`:
+    its repeated chunks run once (step/observer.py REPEATS_ONCE), for its memory alone."""
+    from tunecast.step import observer
+
+    observer.REPEATS_ONCE = once
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return _trace_segment(variant, inputs_shape, inputs_dtype, targets_shape, hidden, vocab, weight_dtype,
+                                  trains, bias, bias_trains, autocast, category, backward_category, softcap, compiled)
+    finally:
+        observer.REPEATS_ONCE = False
 
 
 def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],

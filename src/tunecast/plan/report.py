@@ -24,7 +24,7 @@ from tunecast.estimate.profiles import PROFILE_FORMAT
 from tunecast.paths import cache_dir
 from tunecast.plan.calibration import Calibration, calibrated_device, check_against
 from tunecast.plan.planner import Estimates, Option, Planner, mark_pareto, rank
-from tunecast.plan.workload import workload_for
+from tunecast.plan.workload import SIZE_HINT, workload_for
 from tunecast.version import SCHEMA_VERSION, __version__
 
 PLAN_FORMAT = 11
@@ -109,6 +109,9 @@ def _compute(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, toda
              check: Callable[[], None] | None = None) -> dict[str, Any]:
     workload = workload_for(loaded, catalog)
     warnings: list[Problem] = []
+    if workload.unsized is not None:
+        warnings.append(Problem("dataset", workload.unsized, "hours and costs are for those tokens, not the whole run: "
+                                + SIZE_HINT, severity="warning"))
     experts = unquantized_experts_note(loaded.spec, loaded.model.data)
     if experts is not None:  # most of a mixture of experts' weights: every option is sized with them so
         warnings.append(Problem("method", experts, "the options are sized with the experts unquantized; see "

@@ -28,6 +28,10 @@ DECLARED_BYTES_PER_TOKEN = 4.0
 # Example lengths assumed for a declared size, to compute its padding: as many as a measured file's statistics
 # use, at evenly spaced quantiles of the distribution (deterministic).
 DECLARED_SAMPLES = 4096
+# A config read from another tool (`--from`) that names a dataset tunecast cannot count (a Hub dataset, offline) is
+# planned for this many tokens, every sequence at full length: figures per million tokens, which rank the options as
+# the whole run's would (every option processes the same tokens).
+UNSIZED_TOKENS = 1_000_000
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Workload:
     max_steps: int | None = None  # the run's step limit
     epochs_set: bool = True  # `epochs` was set (RunSpec.fixed): with max_steps, the steps are the first of its run
     global_batch: int = 1  # the run's sequences per optimizer step, for the whole-run figures of as_dict
+    unsized: str | None = None  # why the dataset's size is unknown, when it is planned per UNSIZED_TOKENS tokens
     # tokens_per_sequence by micro-batch: the planner asks for each micro-batch on every GPU and count
     _padded: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -123,7 +128,7 @@ class Workload:
                 "steps_per_epoch": length.per_epoch, "passes": length.passes, "length": length.describe(),
                 "seq_len": self.seq_len, "packed": self.packed, "measured": self.measured,
                 "tokenizer": self.tokenizer, "eval_examples": self.eval_examples,
-                "padding_assumption": self.padding_assumption()}
+                "padding_assumption": self.padding_assumption(), "size_known": self.unsized is None}
 
     def padding_assumption(self) -> str | None:
         """How a declared size is padded, in words; None for a measured or packed dataset."""
@@ -157,7 +162,8 @@ class RunSteps:
         if self.max_steps is None:
             return whole
         if not self.epochs_set:
-            return f"{self.steps:,} steps (max_steps: {self.passes:.3g} passes over the data)"
+            return (f"{self.steps:,} steps (max_steps: {self.passes:.3g} pass{'' if self.passes == 1 else 'es'} over "
+                    "the data)")
         if self.steps < self.epoch_steps:
             return (f"{self.steps:,} step{'' if self.steps == 1 else 's'} (max_steps ends the run early: the first of "
                     f"the {self.epoch_steps:,} steps of {epochs_text(self.epochs)})")
@@ -196,13 +202,45 @@ def workload_for(loaded: LoadedSpec, catalog: Catalog) -> Workload:
                                           else catalog.throughput.get("declared_length_sigma")),
                             sigma_source=("dataset.length_spread" if data.length_spread is not None
                                           else "catalog row declared_length_sigma"))
+    elif loaded.imported is not None:
+        return _unsized(loaded)
     else:
         raise TunecastError("the plan needs the dataset's size: no dataset.path and no declared size", field="dataset",
-                            hint="set dataset.path to the training file, or dataset.examples and dataset.mean_tokens "
-                                 "(for example --set dataset.examples=50000 --set dataset.mean_tokens=600)")
+                            hint=SIZE_HINT)
     workload.max_steps, workload.epochs_set = spec.max_steps, spec.fixed("epochs")
     workload.global_batch = spec.sequences_per_step
     return workload
+
+
+SIZE_HINT = ("set dataset.path to the training file, or dataset.examples and dataset.mean_tokens (for example "
+             "--set dataset.examples=50000 --set dataset.mean_tokens=600)")
+
+
+def _unsized(loaded: LoadedSpec) -> Workload:
+    """The workload of another tool's config whose data tunecast cannot count: UNSIZED_TOKENS tokens in sequences of
+    the full length (an upper bound on the compute of unpacked data, whose lengths are unknown), or the run itself
+    where `max_steps` alone sets its length (its steps' sequences at full length, again an upper bound)."""
+    spec = loaded.spec
+    imported = loaded.imported
+    named = [item.key for item in imported.unmapped if item.key.split(".")[0] in DATA_KEYS] if imported else []
+    source = f"{imported.tool} `{named[0]}`" if imported and named else "the config"
+    by_steps = spec.max_steps is not None and not spec.fixed("epochs")
+    if by_steps:
+        sequences = spec.max_steps * spec.sequences_per_step  # type: ignore[operator]
+        basis = (f"max_steps {spec.max_steps:,} × {spec.sequences_per_step} sequences of up to {spec.seq_len:,} "
+                 "tokens (each taken at full length: an upper bound)")
+    else:
+        sequences = math.ceil(UNSIZED_TOKENS / spec.seq_len)
+        basis = f"figures per {UNSIZED_TOKENS:,} tokens, in sequences of {spec.seq_len:,} tokens"
+    tokens = sequences * spec.seq_len
+    why = f"the dataset's size is unknown ({source} names data tunecast cannot count here): {basis}"
+    return Workload(sequences, tokens, tokens, 1.0, spec.seq_len, spec.packing, False, why,
+                    round(tokens * DECLARED_BYTES_PER_TOKEN), max_steps=spec.max_steps if by_steps else None,
+                    epochs_set=not by_steps, global_batch=spec.sequences_per_step, unsized=why)
+
+
+# The keys under which the tools' configs name their data (axolotl, LLaMA-Factory v0/v1, TRL, torchtune).
+DATA_KEYS = ("datasets", "dataset", "dataset_name", "dataset_mixture", "train_dataset", "data", "dataset_dir")
 
 
 @functools.lru_cache(maxsize=1024)  # pure; a plan asks for each micro-batch, a server for each plan of a workload

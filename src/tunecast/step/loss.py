@@ -82,7 +82,8 @@ def _chunked_total(hidden: torch.Tensor, head: Any, shifted: torch.Tensor, chunk
                    softcap: float | None) -> torch.Tensor:
     """The summed loss of `chunks` chunks along the sequence, each chunk's logits recomputed in the backward pass."""
     total = hidden.new_zeros((), dtype=torch.float32)
-    for hidden_chunk, label_chunk in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
+    for hidden_chunk, label_chunk in observer.chunks_run(list(zip(hidden.chunk(chunks, dim=1),
+                                                                  shifted.chunk(chunks, dim=1), strict=True))):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
     return total
 
@@ -146,11 +147,12 @@ def segment_total(variant: str, inputs: torch.Tensor, head: Any, targets: torch.
         return FusedHeadLoss.apply(inputs, head.weight, targets)
     total = inputs.new_zeros((), dtype=torch.float32)
     if variant == "trl-chunks":
-        for first in range(0, inputs.shape[0], TRL_CHUNK_TOKENS):
+        for first in observer.chunks_run(range(0, inputs.shape[0], TRL_CHUNK_TOKENS)):
             rows = slice(first, first + TRL_CHUNK_TOKENS)
             loss, _, _ = checkpoint(_trl_chunk, inputs[rows], head.weight, targets[rows], use_reentrant=False)
             total = total + loss
         return total
+    # every chunk's logits are kept for the backward pass: not chunks that repeat (observer.chunks_run), and 8 at most
     for chunk, target in zip(inputs.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
         if compiled:  # torchtune compiles each chunk's cross-entropy
             total = total + CompiledCrossEntropy.apply(head(chunk), target)
@@ -239,7 +241,7 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
         log_z = torch.full((count,), float("-inf"), device=hidden.device, dtype=torch.float32)
         target_logit = torch.zeros((count,), device=hidden.device, dtype=torch.float32)
         tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
-        for first in range(0, count, TRL_TILE_TOKENS):
+        for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
             last = min(first + TRL_TILE_TOKENS, count)
             rows = hidden[first:last].to(dtype)
             for start in range(0, weight.shape[0], TRL_TILE_VOCAB):
@@ -263,7 +265,7 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
         grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) \
             if ctx.needs_input_grad[1] else None
         tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
-        for first in range(0, count, TRL_TILE_TOKENS):
+        for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
             last = min(first + TRL_TILE_TOKENS, count)
             rows = hidden[first:last].to(dtype)
             for start in range(0, weight.shape[0], TRL_TILE_VOCAB):

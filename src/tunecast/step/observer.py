@@ -4,8 +4,11 @@ is none, and the stand-in only allocates."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 
 class SegmentObserver(Protocol):
@@ -20,3 +23,18 @@ class SegmentObserver(Protocol):
 
 
 OBSERVER: SegmentObserver | None = None
+
+
+# A loss traced for its memory alone (estimate/compose.py `repeats_once`, a limit's checks) runs the repeated chunks of
+# its loops once, where every chunk but the last is the same size and frees what it makes before the next (TRL's
+# tiles and checkpointed chunks, unsloth's checkpointed chunks; not torchtune's, whose logits stay for the backward
+# pass): after the second the allocator is where the first left it, and the chunks between change no peak
+# (tests/unit/estimate/test_compose.py). The full trace serves every estimate.
+REPEATS_ONCE = False
+
+
+def chunks_run(chunks: Sequence[T]) -> Sequence[T]:
+    """A loss's chunks in order: all of them, or under REPEATS_ONCE the first two and the last."""
+    if not REPEATS_ONCE or len(chunks) <= 3:
+        return chunks
+    return [chunks[0], chunks[1], chunks[-1]]

@@ -53,3 +53,30 @@ def test_a_template_at_the_sliding_window_s_own_length_equals_a_trace() -> None:
     it."""
     data = {**config("mistralai/Mistral-7B-v0.1", layers=4), "sliding_window": 48}
     assert_exact(data, _settings("tunecast", "lora"), 2, 48)
+
+
+@pytest.mark.parametrize("runner, version, name, batch, seq", [
+    ("trl", None, "Qwen/Qwen3-0.6B", 1, 4 * 4096 + 40),  # four tiles of TRL's fused head, the last partial
+    ("trl", "1.10", "meta-llama/Llama-2-7b-hf", 2, 700),  # six 256-token chunks
+    ("unsloth", None, "google/gemma-2-2b", 2, 9000),  # five chunks of the logits' bytes
+])
+def test_a_loss_traced_with_its_repeated_chunks_once_holds_the_same_memory(runner: str, version: str | None,
+                                                                            name: str, batch: int, seq: int) -> None:
+    """A limit's checks trace the loss with its middle chunks run once (compose.repeats_once): its peak allocated
+    and reserved are those of the whole loss."""
+    from tunecast.catalog.store import load_catalog
+    from tunecast.estimate.memory import estimate_memory
+
+    spec = apply_runner(RunSpec.model_validate({"model": "x", "runner": runner, "method": "lora", "runner_version": version,
+                                                "lora": {"dropout": 0.05}, "micro_batch": batch, "seq_len": seq}))
+    data = config(name, layers=4)
+    overheads = load_catalog(None).overheads
+
+    def memory() -> tuple[float, float, bool]:
+        found = estimate_memory(spec, data, device="cuda", gpu=None, overheads=overheads)
+        return found.peak_allocated_gib, found.peak_reserved_gib, found.composed
+
+    whole = memory()
+    with compose.repeats_once():
+        once = memory()
+    assert whole[2] and whole == once

@@ -8,7 +8,7 @@ import pytest
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.fit import _largest, fit_report
+from tunecast.estimate.fit import SOLVE_TOLERANCE, _largest, _solved, fit_report
 from tunecast.estimate.memory import MemoryEstimate
 from tunecast.estimate.profiles import NeedsTrace
 
@@ -17,6 +17,40 @@ def test_largest_finds_the_edge_of_a_monotone_predicate() -> None:
     assert _largest(lambda n: n <= 37, 1, 4096) == 37
     assert _largest(lambda n: n <= 5000, 1, 4096) == 4096
     assert _largest(lambda n: False, 1, 4096) == 0
+
+
+@pytest.mark.parametrize("label, loss", [
+    ("a loss whose memory is constant (fixed-size chunks)", lambda n: 3.0),
+    ("a loss whose memory grows with n (a fixed number of chunks)", lambda n: 0.02 * n),
+    ("a loss whose memory steps with the allocator's rounding", lambda n: 0.02 * n + 0.5 * (n % 7 == 0)),
+])
+def test_a_composed_step_s_limit_is_solved_from_its_stand_in_and_checked_with_few_traces(label: str, loss: Any) -> None:
+    """The stand-in's memory (cheap) plus the loss's (each value a trace) against a capacity: the limit is within
+    the tolerance of the exact one, verified to fit, and found with a handful of the costly evaluations."""
+    def proxy(n: int) -> float:
+        return 10.0 + 0.05 * n
+
+    traced: list[int] = []
+
+    def exact(n: int) -> float:
+        traced.append(n)
+        return proxy(n) + loss(n)
+
+    capacity = 80.0
+    truth = _largest(lambda n: proxy(n) + loss(n) <= capacity, 1, 1 << 20)
+    found = _solved(exact, proxy, (8, proxy(8) + loss(8)), capacity, 1, 1 << 20)
+    assert exact(found) <= capacity, label
+    assert truth - int(truth * SOLVE_TOLERANCE) <= found <= truth, label
+    assert len(traced) <= 8, f"{label}: {len(traced)} traces"
+
+
+def test_a_solved_limit_is_exact_below_a_hundred_and_zero_when_nothing_fits() -> None:
+    def proxy(n: int) -> float:
+        return 1.0 * n
+
+    assert _solved(lambda n: proxy(n) + 2.0 + 0.01 * n * n, proxy, (4, 4 + 2.0 + 0.16), 60.0, 1, 4096) == \
+        _largest(lambda n: n + 2.0 + 0.01 * n * n <= 60.0, 1, 4096)
+    assert _solved(lambda n: 100.0 + n, proxy, (4, 104.0), 60.0, 1, 4096) == 0
 
 
 def gpu(usable_gib: float) -> Gpu:

@@ -184,3 +184,24 @@ def test_published_phi3_lora_targets_the_fused_modules() -> None:
     spec = checked(torchtune.read(PUBLISHED / "torchtune" / "phi3" / "mini_lora_single_device.yaml"))
     assert (spec.model, spec.lora.targets) == ("microsoft/Phi-3-mini-4k-instruct",
                                                ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])
+
+
+def test_a_run_whose_data_cannot_be_counted_is_planned_per_million_tokens(catalog: Catalog) -> None:
+    """axolotl's QLoRA example names a Hub dataset: offline its size is unknown, so the plan's workload is a million
+    tokens in full-length sequences (the ranking is the whole run's; the hours and costs are per those tokens), said
+    in words; with max_steps alone the run's own steps are planned."""
+    from tunecast.plan.workload import UNSIZED_TOKENS, workload_for
+
+    imported = read_config("axolotl", PUBLISHED / "axolotl" / "qlora.yml")
+    loaded = _loaded(imported, catalog)
+    workload = workload_for(loaded, catalog)
+    seq = loaded.spec.seq_len
+    assert workload.unsized is not None and "axolotl `datasets`" in workload.unsized
+    assert workload.processed_tokens == -(-UNSIZED_TOKENS // seq) * seq
+    assert workload.tokens_per_sequence(2) == seq and not workload.as_dict()["size_known"]
+    by_steps = {key: value for key, value in imported.config.items() if key != "epochs"} | {"max_steps": 30}
+    stepped = load_spec(None, [], catalog, hub=HubAccess(offline=True),
+                        imported=imported.__class__(**{**imported.__dict__, "config": by_steps}))
+    steps = workload_for(stepped, catalog)
+    assert steps.length(stepped.spec.sequences_per_step, steps.max_steps).steps == 30
+    assert steps.processed_tokens == 30 * stepped.spec.sequences_per_step * seq
