@@ -20,6 +20,7 @@ import json
 import lzma
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from tunecast.catalog.store import load_catalog
@@ -34,6 +35,7 @@ SUFFIX = ".json.xz"
 # The settings templates are shipped for, by label: RunSpec fields. fp16-mixed and fp8 are traced as bf16-mixed
 # and bf16 (TraceSettings.from_spec), and QLoRA as LoRA, so their templates are these.
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
 SETTINGS: dict[str, dict] = {
     "lora": {"method": "lora"},
     "lora-dropout": {"method": "lora", "lora": {"dropout": 0.05}},
@@ -45,7 +47,24 @@ SETTINGS: dict[str, dict] = {
     "lora-eager": {"method": "lora", "attention": "eager"},
     "full": {"method": "full"},
     "qlora": {"method": "qlora"},  # tunecast's own QLoRA step is its LoRA step; a runner's may differ (kbit-fp32)
+    "full-mixed": {"method": "full", "precision": "bf16-mixed"},  # `bf16: true` on fp32 weights (TRL, the Trainer)
+    # The settings of the other tools' own example configs, for the runners whose examples use them:
+    "lora-qvo-mlp": {"method": "lora", "lora": {"targets": ["q_proj", "v_proj", "o_proj", *MLP]}},  # torchtune's
+    "int8": {"method": "qlora", "quantization": {"bits": 8}},  # `load_in_8bit: true` (axolotl, TRL, LLaMA-Factory)
+    "int8-dropout": {"method": "qlora", "quantization": {"bits": 8}, "lora": {"dropout": 0.05}},
+    # `loss: chunked`, and the Liger fused cross-entropy of axolotl and LLaMA-Factory estimated with it: the template
+    # holds the rest of the step, with a stand-in for the chunks (estimate/compose.py)
+    "lora-chunked": {"method": "lora", "loss": "chunked"},
+    "full-chunked": {"method": "full", "loss": "chunked"},
+    # LLaMA-Factory v1's own loop: torch's AdamW as constructed (multi-tensor), adapters with peft's dropout
+    "v1-lora": {"method": "lora", "optimizer": "adamw-foreach", "lora": {"dropout": 0.05}},
+    "v1-full": {"method": "full", "precision": "bf16-mixed", "optimizer": "adamw-foreach"},
 }
+# Labels built for some runners only: the other runners' configs do not name these settings in their examples.
+RUNNERS_OF = {"lora-qvo-mlp": ("torchtune",), "int8": ("axolotl", "llamafactory", "trl", "hf-trainer", "tunecast"),
+              "int8-dropout": ("axolotl", "llamafactory", "trl", "hf-trainer"), "v1-lora": ("llamafactory",),
+              "v1-full": ("llamafactory",), "lora-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer"),
+              "full-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer")}
 # Runners whose step variants a template can hold: their templates differ from tunecast's own only where the
 # runner's variants apply (in fp32 the Trainer's none do: those keys are tunecast's). TRL's, torchtune's and
 # unsloth's losses are composed onto the template of the rest of their step (estimate/compose.py): theirs hold a
@@ -73,6 +92,7 @@ def main() -> int:
     parser.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), help="labels of SETTINGS (default: all)")
     parser.add_argument("--runners", nargs="*", choices=TEMPLATED_RUNNERS,
                         help="the runners whose steps are templated (default: all of TEMPLATED_RUNNERS)")
+    parser.add_argument("--list", action="store_true", help="say what would be built, by model, and build nothing")
     args = parser.parse_args()
     catalog = load_catalog(None)
     names = args.models or catalog.models.names
@@ -85,6 +105,8 @@ def main() -> int:
             return 2
         data = text_config_data(model.data)
         for label, runner in itertools.product(args.settings or SETTINGS, args.runners or TEMPLATED_RUNNERS):
+            if runner not in RUNNERS_OF.get(label, TEMPLATED_RUNNERS):
+                continue
             for checkpointing in (False, True):
                 # as a config names it: the runner's defaults where the settings leave a key unset (load.py)
                 spec = apply_runner(RunSpec.model_validate({"model": name, "runner": runner, **SETTINGS[label]}))
@@ -98,6 +120,12 @@ def main() -> int:
         _write(old.name.removesuffix(".json.gz"), json.loads(gzip.decompress(old.read_bytes())))
         old.unlink()
     kept = {path.name.removesuffix(SUFFIX) for path in OUT.glob(f"*{SUFFIX}")}
+    if args.list:
+        missing = Counter(name for key, (name, *_) in wanted.items() if key not in kept)
+        for name, count in missing.items():
+            print(f"{name}: {count} to build", file=sys.stderr)
+        print(f"{sum(missing.values())} of {len(wanted)} templates to build", file=sys.stderr)
+        return 0
     for key, (name, data, settings, multi, above) in wanted.items():
         if key in kept:
             continue

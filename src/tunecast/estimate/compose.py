@@ -32,17 +32,31 @@ from tunecast.step.variants import SEGMENT_LOSSES, STUB_INPUTS, STUBS
 
 def composable(settings: TraceSettings) -> bool:
     """Whether the step's loss is one a composition traces alone (the rest from a template)."""
-    return settings.loss != "chunked" and any(variant in SEGMENT_LOSSES for variant in settings.runner_step)
+    return _variant(settings) is not None
+
+
+def _variant(settings: TraceSettings) -> str | None:
+    """The runner's loss of SEGMENT_LOSSES, or `loss-chunks` for `loss: chunked`; None for a loss the step's
+    template holds, and for `loss: chunked` under a runner's own loss (which of the two runs is not settled: traced)."""
+    runners = [variant for variant in settings.runner_step if variant in SEGMENT_LOSSES]
+    if settings.loss == "chunked":
+        return None if runners else "loss-chunks"
+    return runners[0] if runners else None
 
 
 def segment_variant(settings: TraceSettings) -> str:
-    return next(variant for variant in settings.runner_step if variant in SEGMENT_LOSSES)
+    variant = _variant(settings)
+    assert variant is not None, "segment_variant of a step whose loss is not composed"
+    return variant
 
 
 def stub_settings(settings: TraceSettings) -> TraceSettings:
     """The settings whose template composes `settings`' step: the loss replaced by its stand-in (torch.compile's
     cross-entropy is part of the loss)."""
     variant = segment_variant(settings)
+    if variant == "loss-chunks":  # the stand-in takes the hidden states, as the chunks do
+        step = (*(v for v in settings.runner_step if v != "compiled-loss"), STUBS[variant])
+        return replace(settings, loss="standard", runner_step=step)
     step = tuple(STUBS[v] if v == variant else v for v in settings.runner_step if v != "compiled-loss")
     return replace(settings, runner_step=step)
 
@@ -113,7 +127,7 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
         targets_shape: tuple[int, ...] = (batch, seq)
     else:
         inputs_shape, targets_shape = (batch * (seq - 1), hidden), (batch * (seq - 1),)
-    softcap = config.get("final_logit_softcapping") if variant == "fused-chunks" else None
+    softcap = config.get("final_logit_softcapping") if variant in ("fused-chunks", "loss-chunks") else None
     terms = basis(batch, seq)
 
     def at(coefficients: tuple[float, ...]) -> float:

@@ -359,6 +359,14 @@ def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str 
             "nn.Linear layers only; transformers keeps the experts as fused 3-D parameters)")
 
 
+def expert_dropout_note(spec: RunSpec, config_data: dict[str, Any]) -> str | None:
+    """Where LoRA dropout is not applied on a mixture of experts (step/setup.py `apply_adapters`), in words."""
+    if spec.method == "full" or not spec.lora.dropout or not has_experts(config_data):
+        return None
+    return (f"lora.dropout {spec.lora.dropout:g} applies to the adapters of Linear layers only: peft adapts the "
+            "experts' fused 3-D weights as parameters, which take no dropout (peft's ParamWrapper)")
+
+
 def _optimizer_state_bytes(spec: RunSpec, facts: Facts, traced_state_bytes: float) -> tuple[float, float]:
     """(device bytes, managed bytes) of optimizer states for bitsandbytes optimizers; torch ones as traced."""
     large = facts.trainable_numel - facts.trainable_small_numel
@@ -592,6 +600,9 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     experts = unquantized_experts_note(spec, config_data)
     if experts is not None:  # first: it is most of such a model's weights
         step.notes.insert(0, experts)
+    dropout = expert_dropout_note(spec, config_data)
+    if dropout is not None:
+        step.notes.append(dropout)
     if spec.precision == "fp8":
         step.notes.append("fp8: memory modelled as bf16 (torchao float8 keeps bf16 weights and activations)")
     if spec.attention == "flash":

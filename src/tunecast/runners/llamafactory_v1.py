@@ -22,6 +22,7 @@ preference dataset, or the reward model's `model_class: cls`, is refused.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ MARKERS = ("model", "model_class", "peft_config", "quant_config", "dist_config",
 _DEFAULT_MODEL = "Qwen/Qwen3-4B-Instruct-2507"  # ModelArguments.model's default
 _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash"}
 _FORMATS = {"alpaca": "alpaca", "sharegpt": "sharegpt"}  # v1 converters → tunecast's dataset.format
+# A dataset list's file name that names a preference stage (v1_dpo_demo.yaml, kto_pairs.yaml).
+_PREFERENCE_NAME = re.compile(r"(?:^|[_\-.])(dpo|kto|orpo|simpo|rm|reward|pref|preference)(?=$|[_\-.])", re.I)
 _DPO_KEYS = ("pref_loss", "pref_beta", "pref_ftx", "simpo_gamma", "dpo_label_smoothing", "ld_alpha")
 _DEFAULTS = {"seq_len": 2048, "grad_checkpointing": True, "micro_batch": 1, "epochs": 3.0, "learning_rate": 1e-4,
              "schedule": "constant", "optimizer": "adamw-foreach", "weight_decay": 0.01, "max_grad_norm": 1.0,
@@ -257,6 +260,12 @@ def _train_dataset(m: Mapper, key: str, value: Any) -> None:
         if run_folder is None or infos is None:
             m.skip(key, value, f"{text} is not a local dataset list (looked for from the config's folder and the "
                                "folders above it): " + mp.HUB)
+            stage = _PREFERENCE_NAME.search(Path(text).stem)
+            if stage:  # v1's own examples name their lists so: data/v1_dpo_demo.yaml
+                m.note(f"train_dataset {text}: its name says {stage.group(1).lower()}, and its converter cannot be "
+                       "read here; the stage is the command you run, and this estimates `llamafactory-cli sft`. A "
+                       "preference run (`llamafactory-cli dpo`) also scores a reference model: put the list beside "
+                       "the config for tunecast to read it")
             return
         if Path(text).expanduser().is_absolute():
             run_folder = m.base_dir  # where v1 runs is unknown: the list's relative paths from the config's folder

@@ -143,6 +143,8 @@ def segment_total(variant: str, inputs: torch.Tensor, head: Any, targets: torch.
         vocab = int(head.weight.shape[0])
         chunks = max(1, -(-inputs.shape[0] * inputs.shape[1] * vocab * 4 // UNSLOTH_CHUNK_BYTES))
         return _chunked_total(inputs, head, targets, chunks, softcap)
+    if variant == "loss-chunks":
+        return _chunked_total(inputs, head, targets, LOSS_CHUNKS, softcap)
     if variant == "fused-head":
         return FusedHeadLoss.apply(inputs, head.weight, targets)
     total = inputs.new_zeros((), dtype=torch.float32)

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from tunecast.errors import TunecastError
 from tunecast.step.settings import AdapterSettings
+from tunecast.step.shape import has_experts
 
 # bitsandbytes (imported by peft when present) logs at import that optional CPU kernels are missing; that
 # is not the user's concern.
@@ -40,26 +40,39 @@ def compute_dtype(precision: str) -> torch.dtype:
 
 def apply_adapters(model: Any, adapters: AdapterSettings) -> Any:
     """Wrap `model` with LoRA adapters (peft). Frozen base weights; adapters in fp32 (peft's default
-    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters) unless `fp32_adapters` is off."""
+    `autocast_adapter_dtype=True` upcasts bf16/fp16 adapters) unless `fp32_adapters` is off.
+
+    A mixture of experts' expert weights are 3-D parameters, which peft adapts with a ParamWrapper that takes no
+    dropout (it refuses `lora_dropout` outright, peft/tuners/lora/layer.py): there the dropout is applied where
+    peft can apply it, on the adapters of whole Linear layers, and the experts' adapters take none. That is the
+    adapter peft builds with `lora_dropout` on those layers alone (it differs only by an Identity in place of the
+    Dropout), and what memory.py notes as `expert_dropout_note`."""
     from peft import LoraConfig, get_peft_model
 
     from tunecast.step.targets import check_targets
 
     targets: list[str] | str = adapters.targets if isinstance(adapters.targets, str) else list(adapters.targets)
     check_targets(model, targets)  # every name must adapt a layer: peft trains the others silently, or fails
+    experts = adapters.dropout > 0 and has_experts(model.config.to_dict())
     config = LoraConfig(
-        r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=adapters.dropout, target_modules=targets,
-        use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None, task_type="CAUSAL_LM",
+        r=adapters.rank, lora_alpha=adapters.alpha, lora_dropout=0.0 if experts else adapters.dropout,
+        target_modules=targets, use_dora=adapters.dora, modules_to_save=list(adapters.modules_to_save) or None,
+        task_type="CAUSAL_LM",
     )
-    try:
-        return get_peft_model(model, config, autocast_adapter_dtype=adapters.fp32_adapters)
-    except ValueError as error:  # peft 0.21 on "all-linear" of an MoE model: experts are wrapped as parameters
-        if "lora_dropout" not in str(error):
-            raise
-        raise TunecastError(f"lora.dropout {adapters.dropout}: dropout cannot apply to this model's expert weights "
-                            "(peft adapts them as parameters, which take no dropout)", field="lora.dropout",
-                            hint="set lora.dropout: 0, or target the attention only (lora.targets: "
-                                 "[q_proj, k_proj, v_proj, o_proj])") from error
+    adapted = get_peft_model(model, config, autocast_adapter_dtype=adapters.fp32_adapters)
+    if experts:
+        _dropout_on_whole_layers(adapted, adapters.dropout)
+    return adapted
+
+
+def _dropout_on_whole_layers(model: Any, probability: float) -> None:
+    """Dropout before the adapters of every adapted layer but the parameter-wrapped (expert) ones."""
+    from peft.tuners.lora.layer import LoraLayer, ParamWrapper
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and not isinstance(module, ParamWrapper):
+            for name in list(module.lora_dropout):
+                module.lora_dropout[name] = torch.nn.Dropout(p=probability)
 
 
 # Activations that transformers implements op by op, and their fused equivalents: same function, but one

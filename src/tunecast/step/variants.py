@@ -46,9 +46,11 @@ CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chu
 # The losses an estimate composes onto a template of the rest of the step (estimate/compose.py), and the stand-in
 # each is templated with: what it takes (the gathered trained tokens, or the hidden states), and whether it calls the
 # output head as a module (which makes what follows temporaries, as the tracer counts them).
-SEGMENT_LOSSES = ("fused-head", "trl-chunks", "output-chunks", "fused-chunks")
+# `loss-chunks` is no runner's variant but `loss: chunked` (tunecast's own chunked loss, and what axolotl's and
+# LLaMA-Factory's Liger fused cross-entropy are estimated with): its chunks over the hidden states are composed alike.
+SEGMENT_LOSSES = ("fused-head", "trl-chunks", "output-chunks", "fused-chunks", "loss-chunks")
 STUBS = {"fused-head": "stub-tokens", "trl-chunks": "stub-tokens", "output-chunks": "stub-tokens-head",
-         "fused-chunks": "stub-hidden-head"}
+         "fused-chunks": "stub-hidden-head", "loss-chunks": "stub-hidden-head"}
 STUB_INPUTS = {"stub-tokens": "tokens", "stub-tokens-head": "tokens", "stub-hidden-head": "hidden"}
 STUB_CALLS_HEAD = ("stub-tokens-head", "stub-hidden-head")
 # Variants that take the loss from the hidden states themselves (the model returns no logits).

@@ -11,28 +11,33 @@ from tunecast.estimate import compose, profiles
 from tunecast.step.settings import TraceSettings
 
 
-def _settings(runner: str, method: str, version: str | None = None) -> TraceSettings:
-    spec = apply_runner(RunSpec.model_validate({"model": "x", "runner": runner, "method": method,
+def _settings(runner: str, method: str, version: str | None = None, loss: str = "standard") -> TraceSettings:
+    spec = apply_runner(RunSpec.model_validate({"model": "x", "runner": runner, "method": method, "loss": loss,
                                                 "runner_version": version, "lora": {"dropout": 0.05}}))
     return TraceSettings.from_spec(spec)
 
 
-@pytest.mark.parametrize("runner, version, method, name, batch, seq", [
+@pytest.mark.parametrize("runner, version, method, name, batch, seq, loss", [
     # TRL's fused head under autocast; tied embeddings whose head trains (full); QLoRA's casts
-    ("trl", None, "lora", "Qwen/Qwen3-0.6B", 2, 64),
-    ("trl", None, "full", "Qwen/Qwen3-0.6B", 1, 48),
-    ("trl", None, "qlora", "meta-llama/Llama-2-7b-hf", 2, 40),
-    ("trl", "1.10", "lora", "meta-llama/Llama-2-7b-hf", 2, 40),  # 256-token chunks, each recomputed
+    ("trl", None, "lora", "Qwen/Qwen3-0.6B", 2, 64, "standard"),
+    ("trl", None, "full", "Qwen/Qwen3-0.6B", 1, 48, "standard"),
+    ("trl", None, "qlora", "meta-llama/Llama-2-7b-hf", 2, 40, "standard"),
+    ("trl", "1.10", "lora", "meta-llama/Llama-2-7b-hf", 2, 40, "standard"),  # 256-token chunks, each recomputed
     # torchtune's 8 chunks: no autocast; full fine-tuning steps the optimizer in the backward pass
-    ("torchtune", None, "lora", "Qwen/Qwen2.5-0.5B", 2, 40),
-    ("torchtune", None, "full", "mistralai/Mistral-7B-v0.1", 2, 40),
+    ("torchtune", None, "lora", "Qwen/Qwen2.5-0.5B", 2, 40, "standard"),
+    ("torchtune", None, "full", "mistralai/Mistral-7B-v0.1", 2, 40, "standard"),
     # unsloth's chunks over the hidden states themselves, soft-capped logits
-    ("unsloth", None, "lora", "google/gemma-2-2b", 2, 40),
-    ("unsloth", None, "lora", "meta-llama/Llama-2-7b-hf", 1, 48),
+    ("unsloth", None, "lora", "google/gemma-2-2b", 2, 40, "standard"),
+    ("unsloth", None, "lora", "meta-llama/Llama-2-7b-hf", 1, 48, "standard"),
+    # `loss: chunked` (tunecast's own; axolotl's Liger fused cross-entropy): 8 checkpointed chunks of the hidden
+    # states, soft-capped on Gemma 2; under the Trainer's autocast; tied embeddings whose head trains
+    ("tunecast", None, "lora", "meta-llama/Llama-2-7b-hf", 2, 40, "chunked"),
+    ("axolotl", None, "lora", "google/gemma-2-2b", 1, 48, "chunked"),
+    ("axolotl", None, "full", "Qwen/Qwen3-0.6B", 2, 40, "chunked"),
 ])
 def test_a_composed_step_equals_a_trace_of_that_runner_s_step(runner: str, version: str | None, method: str,
-                                                               name: str, batch: int, seq: int) -> None:
-    settings = _settings(runner, method, version)
+                                                               name: str, batch: int, seq: int, loss: str) -> None:
+    settings = _settings(runner, method, version, loss)
     assert compose.composable(settings), "the runner's loss is not composed: this would test nothing new"
     data = config(name, layers=4)
     pair = profiles.templated_profiles(data, settings, batch, seq)

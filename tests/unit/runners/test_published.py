@@ -66,7 +66,8 @@ SOURCE_FILES = {
 
 # Keys of files read today that the readers list as "not a key of the tool's documented config (misspelt?)" though
 # the tool reads them: none now. Add an entry when a new file has one, and empty it when the reader learns the key.
-# (axolotl/mixtral/mixtral.yml is read, and refused by the estimate: lora.dropout on experts.)
+# (axolotl/mixtral/mixtral.yml is read and estimated: its lora_dropout applies to the Linear layers' adapters only,
+# tests/unit/train/test_training.py test_lora_dropout_on_an_moe_model_applies_where_peft_can_apply_it.)
 UNKNOWN_KEYS: dict[str, list[str]] = {}
 
 READ = [name for name in FILES if name not in REFUSED and name not in NOT_REFUSED_YET]
