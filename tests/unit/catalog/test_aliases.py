@@ -94,8 +94,11 @@ def test_a_model_added_to_a_loaded_index_keeps_its_aliases(catalog, tmp_path) ->
 def test_the_listing_names_each_models_aliases(catalog) -> None:
     documents = {d["name"]: d for d in model_documents(catalog, search="Llama 3.1 8B")}
     assert documents["meta-llama/Llama-3.1-8B"]["aliases"] == ["meta-llama/Meta-Llama-3.1-8B",
-                                                               "NousResearch/Meta-Llama-3.1-8B"]
-    assert documents["meta-llama/Llama-3.1-8B-Instruct"]["aliases"] == ["meta-llama/Meta-Llama-3.1-8B-Instruct"]
+                                                               "NousResearch/Meta-Llama-3.1-8B",
+                                                               "unsloth/Llama-3.1-8B", "unsloth/Meta-Llama-3.1-8B"]
+    assert documents["meta-llama/Llama-3.1-8B-Instruct"]["aliases"] == ["meta-llama/Meta-Llama-3.1-8B-Instruct",
+                                                                        "unsloth/Llama-3.1-8B-Instruct",
+                                                                        "unsloth/Meta-Llama-3.1-8B-Instruct"]
 
 
 def test_every_bundled_alias_is_sourced_and_shadowed_by_no_model(catalog) -> None:
