@@ -181,8 +181,9 @@ def search_names(names: list[str], text: str) -> list[str]:
 
 class ModelIndex:
     """Catalog models by name: exact id, case-insensitive id, or the part after the slash when unique; then their
-    aliases alike, an alias's part after the slash only where no model and no other alias has it
-    (`Meta-Llama-3-8B` stays meta-llama's, whatever mirrors it; `Meta-Llama-3.1-8B-Instruct` is the renamed id)."""
+    aliases alike, a renamed id's part after the slash only where no model and no other alias has it
+    (`Meta-Llama-3.1-8B-Instruct` is the renamed id). A mirror's part after the slash names nothing: `llama-3-8b`
+    would otherwise train on unsloth's copy, and `Meta-Llama-3-8B` stays meta-llama's, whatever mirrors it."""
 
     def __init__(self, entries: dict[str, tuple[ModelEntry, Path]],
                  aliases: dict[str, ModelAlias] | None = None) -> None:
@@ -205,6 +206,8 @@ class ModelIndex:
         self._alias_by_key = dict(self._aliases)
         alias_shorts: dict[str, list[ModelAlias]] = {}
         for alias in self._aliases.values():
+            if alias.kind != "renamed":
+                continue
             alias_shorts.setdefault(alias.alias.split("/")[-1].lower(), []).append(alias)
         for short, same in alias_shorts.items():
             if len(same) == 1 and short not in short_names:

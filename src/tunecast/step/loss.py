@@ -246,7 +246,7 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
         for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
             last = min(first + TRL_TILE_TOKENS, count)
             rows = hidden[first:last].to(dtype)
-            for start in range(0, weight.shape[0], TRL_TILE_VOCAB):
+            for start in observer.chunks_run(range(0, weight.shape[0], TRL_TILE_VOCAB)):
                 end = min(start + TRL_TILE_VOCAB, weight.shape[0])
                 logits = tile[: last - first, : end - start]
                 torch.mm(rows, weight[start:end].to(dtype).t(), out=logits)
@@ -270,7 +270,7 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
         for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
             last = min(first + TRL_TILE_TOKENS, count)
             rows = hidden[first:last].to(dtype)
-            for start in range(0, weight.shape[0], TRL_TILE_VOCAB):
+            for start in observer.chunks_run(range(0, weight.shape[0], TRL_TILE_VOCAB)):
                 end = min(start + TRL_TILE_VOCAB, weight.shape[0])
                 block = weight[start:end].to(dtype)
                 logits = tile[: last - first, : end - start]

@@ -47,15 +47,18 @@ def test_resolving_a_mirror_keeps_the_mirror_as_the_repository_to_load(catalog) 
     assert mirror.data == resolve_model("meta-llama/Meta-Llama-3-8B", catalog).data
 
 
-def test_an_alias_takes_the_part_after_the_slash_only_where_nothing_else_has_it(tmp_path) -> None:
+def test_a_renamed_id_takes_the_part_after_the_slash_only_where_nothing_else_has_it(tmp_path) -> None:
+    """A mirror's part after the slash names nothing (a short name would train on the mirror's copy)."""
     catalog = load_catalog(_user_catalog(tmp_path, "old/tiny,acme/tiny,renamed,2026-12-01,a test,\n"
-                                                   "mirror-a/Tiny-Chat,acme/tiny,mirror,2026-12-01,a test,\n"
-                                                   "mirror-b/Tiny-Chat,acme/tiny,mirror,2026-12-01,a test,\n"
+                                                   "old/Tiny-Old,acme/tiny,renamed,2026-12-01,a test,\n"
+                                                   "old-b/Tiny-Chat,acme/tiny,renamed,2026-12-01,a test,\n"
+                                                   "old-c/Tiny-Chat,acme/tiny,renamed,2026-12-01,a test,\n"
                                                    "mirror-c/Tiny-Base,acme/tiny,mirror,2026-12-01,a test,\n"))
     assert catalog.models.find("tiny").name == "acme/tiny"  # a model's own short name stays its own
-    assert catalog.models.find("tiny-base").name == "mirror-c/Tiny-Base"
-    assert catalog.models.find("tiny-chat") is None  # two mirrors share it
-    assert catalog.models.find("MIRROR-A/tiny-chat").name == "mirror-a/Tiny-Chat"
+    assert catalog.models.find("tiny-old").name == "old/Tiny-Old"
+    assert catalog.models.find("tiny-chat") is None  # two renamed ids share it
+    assert catalog.models.find("tiny-base") is None  # a mirror's
+    assert catalog.models.find("MIRROR-C/tiny-base").name == "mirror-c/Tiny-Base"
 
 
 def test_an_alias_of_a_model_the_catalog_lacks_is_refused_naming_the_file_and_the_alias(tmp_path) -> None:

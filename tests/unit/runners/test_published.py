@@ -47,11 +47,9 @@ REFUSED = {
     "llamafactory/v1/train_multimodal.yaml": ("model", "unknown model 'Qwen/Qwen3.5-0.8B'"),
     "torchtune/llama3_2_vision/11B_lora_single_device.yaml": ("model._component_", "is not one tunecast maps"),
     # supervised fine-tuning not estimated yet
-    "axolotl/lora-1b.yml": ("model", "unknown model 'NousResearch/Llama-3.2-1B'"),
-    "axolotl/qlora-fsdp-70b.yaml": ("model", "unknown model 'casperhansen/llama-3-70b-fp16'"),
     "llamafactory/llama3_lora_sft_awq.yaml": ("model", "AWQ checkpoint by its name"),  # pre-quantized weights
 }
-SFT_NOT_ESTIMATED = ["axolotl/lora-1b.yml", "axolotl/qlora-fsdp-70b.yaml", "llamafactory/llama3_lora_sft_awq.yaml"]
+SFT_NOT_ESTIMATED = ["llamafactory/llama3_lora_sft_awq.yaml"]
 
 # Read today as supervised fine-tuning though they train otherwise: each should be refused (then moved to REFUSED).
 NOT_REFUSED_YET: dict[str, str] = {}
