@@ -11,7 +11,7 @@ import torch
 from tests.models import tiny_llama
 
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.memory import unquantized_experts_note
+from tunecast.estimate.memory import expert_dropout_note, unquantized_experts_note
 from tunecast.estimate.moe import unquantized_numel
 from tunecast.step.shape import hf_config
 from tunecast.train.quantize import LLM_INT8_THRESHOLD, quantize_int8, quantize_nf4, unquantized_weights
@@ -94,6 +94,16 @@ def test_the_estimate_notes_unquantized_experts_for_qlora_only() -> None:
     assert note is not None and note.startswith("QLoRA leaves the experts in bf16, not NF4")
     assert unquantized_experts_note(lora, config) is None
     assert unquantized_experts_note(qlora, tiny_llama()) is None
+
+
+def test_the_estimate_notes_where_lora_dropout_is_not_applied_on_a_mixture_of_experts() -> None:
+    config = MOE["mixtral"]
+    dropped = RunSpec.model_validate({"model": "x", "method": "lora", "precision": "bf16", "lora": {"dropout": 0.05}})
+    note = expert_dropout_note(dropped, config)
+    assert note is not None and note.startswith("lora.dropout 0.05 applies to the adapters of Linear layers only")
+    assert expert_dropout_note(dropped, tiny_llama()) is None
+    assert expert_dropout_note(RunSpec.model_validate({"model": "x", "method": "lora", "precision": "bf16"}),
+                               config) is None
 
 
 def test_transformers_4bit_loading_leaves_fused_experts_in_bf16(tmp_path: Any) -> None:
