@@ -32,7 +32,7 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None, 
     path = _as_local_path(name, base_dir)
     if path is not None:
         return _local(path, field)
-    found = catalog.models.find(name)
+    found = catalog.models.find(name) or _bnb_copy(name, catalog)
     if found is not None:
         return found
     cached = _downloaded_path(name)
@@ -57,6 +57,25 @@ def resolve_model(name: str, catalog: Catalog, *, base_dir: Path | None = None, 
                             hint=f"{instead}; or, where the Hub can be reached, run {turn_on} to fetch it")
     text = fetch_config(name, field=field, instead=instead, progress=hub.progress)
     return _downloaded(name, _keep(name, text, field), field)
+
+
+def _bnb_copy(name: str, catalog: Catalog) -> ModelConfig | None:
+    """A repository named for bitsandbytes weights (`unsloth/llama-3-8b-bnb-4bit`) of a catalog model: that model's
+    config with the `quantization_config` such a repository holds (its name is all that says so offline; online its
+    config.json is that too). Looked up by the whole name without its bitsandbytes part, then by its last part."""
+    from dataclasses import replace
+
+    from tunecast.config.prequantized import bnb_name, bnb_quantization_config
+
+    parsed = bnb_name(name)
+    if parsed is None:
+        return None
+    base, bits = parsed
+    found = catalog.models.find(base) or catalog.models.find(base.rsplit("/", 1)[-1])
+    if found is None:
+        return None
+    return replace(found, name=name, data={**found.data, "quantization_config": bnb_quantization_config(bits)},
+                   alias_of=found.alias_of or found.name)
 
 
 def _instead(name: str, catalog: Catalog) -> str:

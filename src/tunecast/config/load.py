@@ -17,7 +17,7 @@ from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
-from tunecast.config.prequantized import Prequantized, by_name, prequantized, unquantized_name
+from tunecast.config.prequantized import Prequantized, bnb_bits, by_name, prequantized, unquantized_name
 from tunecast.config.runner import apply_runner
 from tunecast.config.spec import TEXT_KEYS, RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
@@ -167,6 +167,7 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                 if found is not None:
                     problems.append(_prequantized_problem(found, spec.model, catalog, locate))
                 else:
+                    spec = _on_bnb_weights(spec, model, problems, locate)
                     problems.extend(model_problems(spec, model, locate))
         if spec.gpus.gpu is not None:
             gpu = catalog.gpus.find(spec.gpus.gpu)
@@ -178,6 +179,26 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
         raise ConfigError(source, problems)
     warnings = tuple(p for p in problems if p.severity == "warning")
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
+
+
+def _on_bnb_weights(spec: RunSpec, model: ModelConfig, problems: list[Problem], locate: Any) -> RunSpec:
+    """`spec` on a checkpoint stored in bitsandbytes' 4 or 8 bits (unsloth's `-bnb-4bit` uploads): LoRA on those
+    weights is QLoRA, so it is estimated as `method: qlora` with their bits, and said so; full fine-tuning cannot
+    train them (bitsandbytes' weights take no gradient)."""
+    bits = bnb_bits(model)
+    if bits is None or (spec.method == "qlora" and spec.quantization.bits == bits):
+        return spec
+    stored = f"{model.name} holds bitsandbytes' {bits}-bit weights (its quantization_config)"
+    if spec.method == "full":
+        problems.append(Problem("method", f"{stored}, which full fine-tuning cannot train (they take no gradient)",
+                                "give the unquantized model for full fine-tuning, or set method: qlora",
+                                location=locate("method")))
+        return spec
+    problems.append(Problem("method", f"{stored}: LoRA on them is QLoRA, estimated as method: qlora with "
+                            f"quantization.bits: {bits}", f"set method: qlora and quantization.bits: {bits} to say so",
+                            severity="warning", location=locate("method")))
+    return spec.model_copy(update={"method": "qlora",
+                                   "quantization": spec.quantization.model_copy(update={"bits": bits})})
 
 
 def _prequantized_problem(found: Prequantized, name: str, catalog: Catalog, locate: Any) -> Problem:

@@ -27,6 +27,7 @@ import torch
 
 from tunecast.catalog.hub import offline_reason
 from tunecast.catalog.models import ModelConfig
+from tunecast.config.prequantized import bnb_bits
 from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
 from tunecast.errors import TunecastError
@@ -50,6 +51,13 @@ def load_base(spec: RunSpec, resolved: ModelConfig, *, offline: bool, random_all
     asks for them, or `random_allowed` (a measuring run)."""
     dtype = compute_dtype(spec.precision) if spec.method == "qlora" else param_dtype(spec.precision)
     attention = "eager" if spec.attention == "eager" else ("flash_attention_2" if spec.attention == "flash" else "sdpa")
+    bits = bnb_bits(resolved)
+    if bits is not None:  # transformers would load them into bitsandbytes' layers, which train/quantize.py makes itself
+        made_from = f" ({resolved.alias_of})" if resolved.alias_of else ""
+        raise TunecastError(f"{resolved.name} holds bitsandbytes' {bits}-bit weights: tunecast trains QLoRA by "
+                            "quantizing the unquantized model itself", field="model",
+                            hint=f"give the model it was made from{made_from} with method: qlora and "
+                                 f"quantization.bits: {bits}")
     config = hf_config(training_config(resolved.data), name=resolved.name)
     check_weights(spec, resolved, random_allowed=random_allowed)
     with warnings.catch_warnings():

@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tunecast.catalog.hub import HubAccess
 from tunecast.config.load import load_spec, parse_set
-from tunecast.config.prequantized import prequantized_name, unquantized_name
+from tunecast.config.prequantized import bnb_name, prequantized_name, unquantized_name
+from tunecast.errors import ConfigError
 
 REPO = Path(__file__).parents[3]
 
@@ -72,3 +74,43 @@ def test_other_quantization_configs_are_not_refused(tmp_path: Path, catalog) -> 
     folder = _llama_config(tmp_path / "llama", quantization_config={"quant_method": "mxfp4"})
     load_spec(None, [parse_set(f"model={folder}")], catalog)
     load_spec(None, [parse_set("model=openai/gpt-oss-20b")], catalog)
+
+
+@pytest.mark.parametrize(("name", "found"), [
+    ("unsloth/llama-3-8b-bnb-4bit", ("unsloth/llama-3-8b", 4)),
+    ("unsloth/Qwen2.5-7B-Instruct-unsloth-bnb-4bit", ("unsloth/Qwen2.5-7B-Instruct", 4)),
+    ("someone/Mistral-7B-v0.1_bnb_8bit", ("someone/Mistral-7B-v0.1", 8)),
+    ("someone/bnb-4bit-notes", None),  # not the name's end
+    ("meta-llama/Llama-2-7b-hf", None),
+])
+def test_names_that_say_bitsandbytes_weights(name: str, found: tuple[str, int] | None) -> None:
+    assert bnb_name(name) == found
+
+
+def test_lora_on_bitsandbytes_weights_is_estimated_as_qlora_with_their_bits(tmp_path: Path, catalog) -> None:
+    """By its config (a folder), and offline by its name (unsloth's upload of a catalog model): QLoRA with a warning
+    on `method`; full fine-tuning of such weights is refused naming `method`."""
+    folder = _llama_config(tmp_path / "llama", quantization_config={"quant_method": "bitsandbytes",
+                                                                       "load_in_8bit": True})
+    loaded = load_spec(None, [parse_set(f"model={folder}"), parse_set("method=lora")], catalog)
+    assert (loaded.spec.method, loaded.spec.quantization.bits) == ("qlora", 8)
+    assert [w.field for w in loaded.warnings] == ["method"] and "LoRA on them is QLoRA" in loaded.warnings[0].message
+    named = load_spec(None, [parse_set("model=unsloth/llama-3-8b-bnb-4bit"), parse_set("method=lora")], catalog,
+                      hub=HubAccess(offline=True))
+    assert (named.spec.method, named.spec.quantization.bits) == ("qlora", 4)
+    assert named.model.alias_of == "meta-llama/Meta-Llama-3-8B"
+    assert named.model.data["quantization_config"]["load_in_4bit"] is True
+    with pytest.raises(ConfigError) as refused:
+        load_spec(None, [parse_set(f"model={folder}"), parse_set("method=full")], catalog)
+    assert [p.field for p in refused.value.problems if p.severity == "error"] == ["method"]
+
+
+def test_training_bitsandbytes_weights_is_refused_pointing_at_the_model_they_were_made_from(catalog) -> None:
+    from tunecast.errors import TunecastError
+    from tunecast.train.model import load_base
+
+    named = load_spec(None, [parse_set("model=unsloth/llama-3-8b-bnb-4bit"), parse_set("method=qlora")], catalog,
+                      hub=HubAccess(offline=True))
+    with pytest.raises(TunecastError) as refused:
+        load_base(named.spec, named.model, offline=True)
+    assert refused.value.problems[0].field == "model" and "meta-llama/Meta-Llama-3-8B" in (refused.value.hint or "")
