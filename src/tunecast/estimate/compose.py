@@ -166,10 +166,13 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
         first = json.loads(step_marks["forward"])
         held = {"inputs": first["inputs"], "targets": first["targets"], "grad": info["grad"]}
         blocks = {} if forward else _accumulations(events, stand_ins[-1] if stand_ins else index, replaced)
-        # A gradient that is a view (F.linear's transposed weight gradient, from one chunk) is copied or summed out
-        # of place by autograd where the stand-in's is taken as it is: such a step is traced instead.
-        if any(segment.views.values()):
-            raise NotComposable("the loss returns a gradient that is a view")
+        # A gradient that is a view (F.linear's transposed weight gradient, from one chunk) and waits for another of
+        # the same weight (a tied head's, for the embedding's) is summed with it out of place by autograd, where the
+        # stand-in's is summed in place: such a step is traced instead. One accumulated as the loss returns it (an
+        # untied head's) is accumulated as the stand-in's is (test_compose.py checks both).
+        if not forward and any(view and name != "inputs" and name not in blocks
+                               for name, view in segment.views.items()):
+            raise NotComposable("the loss returns a gradient that is a view, summed later with another of its weight")
         own = allocated.setdefault(event.step, set())
         if forward:  # the step's tensors the loss keeps for its backward pass die there, not where the step drops them
             made_free.update(key[1] for item in segment.backward if item.kind == FREE and segment.externals.get(

@@ -29,6 +29,9 @@ def _settings(runner: str, method: str, version: str | None = None, loss: str = 
     # unsloth's chunks over the hidden states themselves, soft-capped logits
     ("unsloth", None, "lora", "google/gemma-2-2b", 2, 40, "standard"),
     ("unsloth", None, "lora", "meta-llama/Llama-2-7b-hf", 1, 48, "standard"),
+    # full fine-tuning in one chunk: the untied head's gradient is F.linear's transposed view, accumulated at once
+    ("unsloth", None, "full", "meta-llama/Llama-2-7b-hf", 1, 48, "standard"),
+    ("unsloth", None, "full", "mistralai/Mistral-7B-v0.1", 2, 40, "standard"),
     # `loss: chunked` (tunecast's own; axolotl's Liger fused cross-entropy): 8 checkpointed chunks of the hidden
     # states, soft-capped on Gemma 2; under the Trainer's autocast; tied embeddings whose head trains
     ("tunecast", None, "lora", "meta-llama/Llama-2-7b-hf", 2, 40, "chunked"),
@@ -45,11 +48,12 @@ def test_a_composed_step_equals_a_trace_of_that_runner_s_step(runner: str, versi
     assert_exact(data, settings, batch, seq)
 
 
-def test_a_loss_whose_gradient_is_a_view_is_traced_instead() -> None:
+@pytest.mark.parametrize("name", ["google/gemma-2-2b", "Qwen/Qwen3-0.6B"])
+def test_a_loss_whose_gradient_is_a_view_summed_with_a_tied_embedding_s_is_traced_instead(name: str) -> None:
     """unsloth's loss in one chunk returns F.linear's transposed weight gradient, which autograd sums with the tied
     embedding's out of place where the stand-in's is summed in place: no composition serves it."""
     settings = _settings("unsloth", "full")
-    data = config("google/gemma-2-2b", layers=4)
+    data = config(name, layers=4)
     assert profiles.templated_profiles(data, settings, 1, 48) is None
 
 
