@@ -246,7 +246,7 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
     key = templates.template_key(config_data, settings, multi, above)
     instance = (templates.cache_path(key), config_text(config_data) + str(settings.adapters.rank))
     if instance in _INSTANTIATED:
-        return _composed(_INSTANTIATED[instance], config_data, settings, batch, seq)
+        return _composed(_INSTANTIATED[instance], config_data, settings, batch, seq, trace)
     try:
         profiles = templates.instantiate(templates.get_template(config_data, settings, multi, above=above,
                                                                 trace=trace), config_data, settings)
@@ -257,7 +257,7 @@ def templated_profiles(config_data: dict[str, Any], settings: TraceSettings, bat
                        shortest=window if above else None,
                        origin="template " + instance[0].stem + " " + instance[1])
     _INSTANTIATED[instance] = pair
-    return _composed(pair, config_data, settings, batch, seq)
+    return _composed(pair, config_data, settings, batch, seq, trace)
 
 
 _COMPOSED: dict[tuple[int, TraceSettings, int, int, bool], ProfilePair | None] = {}
@@ -265,15 +265,20 @@ COMPOSED_KEPT = 64
 
 
 def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSettings, batch: int,
-              seq: int) -> ProfilePair | None:
+              seq: int, trace: bool = True) -> ProfilePair | None:
     """`pair` itself, or for a loss composed onto its template (compose.py) the pair at (batch, seq) with that loss
-    traced alone in place of its stand-in; None where it does not fit there (the step is then traced)."""
+    traced alone in place of its stand-in; None where it does not fit there (the step is then traced). Without
+    `trace`, a loss is traced alone only where this process has traced before (NeedsTrace otherwise): a first trace
+    imports the fake-tensor machinery, seconds that a suggestion (fit.py) is not worth."""
     from tunecast.estimate import compose
+    from tunecast.estimate.tracer import traced_before
 
     if not compose.composable(settings):
         return pair
     once = compose.repeating_once()
     key = (id(pair), settings, batch, seq, once)
+    if key not in _COMPOSED and not trace and not traced_before():
+        raise NeedsTrace("the loss would be traced alone, the first trace of this process")
     if key not in _COMPOSED:
         if len(_COMPOSED) >= COMPOSED_KEPT:
             _COMPOSED.clear()

@@ -29,6 +29,15 @@ CATEGORIES = ("weights", "trainable_weights", "gradients", "optimizer", "activat
 PHASES = ("setup", "forward", "backward", "optimizer")
 STEPS = 2
 # The figures a trace sums over the measured step's operations (besides FLOPs), for the throughput model.
+# Whether this process has traced (a step or a loss alone): the fake-tensor machinery is then imported, and a loss
+# traced alone costs a fraction of a second instead of the seconds of its first import (profiles.py `_composed`).
+_TRACED_BEFORE = [False]
+
+
+def traced_before() -> bool:
+    return _TRACED_BEFORE[0]
+
+
 SUMMED = ("elementwise_bytes", "moved_bytes", "optimizer_bytes", "random_elements", "transcendental_bytes",
           "kernels")
 
@@ -712,6 +721,7 @@ def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: st
 
     from tunecast.step.loss import segment_total
 
+    _TRACED_BEFORE[0] = True
     cast = _torch_dtype(autocast) if autocast is not None else None
     recorder = _Recorder()
     mode = FakeTensorMode()
@@ -839,6 +849,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
     from tunecast.step.forward import forward_backward
     from tunecast.step.setup import make_optimizer
 
+    _TRACED_BEFORE[0] = True
     _register_attention_flops()
     model = build_training_model(config_data, settings)
     facts = model_facts(model, settings)
