@@ -4,9 +4,10 @@ A traced model whose dimensions are distinct primes — key-value heads, query h
 half the head size, hidden size per head, intermediate size, vocabulary, LoRA rank, micro-batch, length —
 allocates tensors whose byte counts factor uniquely into those primes and a small constant (the element
 size, a factor of two): `b·s·V·4` is the fp32 logits, `2·hd2·kv·x·g·2` a bf16 key projection weight.
-A size that is not one product (the loss's labels padded by one position, `8·b·(s+1)`) has factors one
-away from a marker, and is read as that product of sums. Every reading is checked against a second trace
-at other primes before it is used (see templates.py), so a misreading is never silent.
+A size that is not one product (the loss's labels padded by one position, `8·b·(s+1)`; Phi-3's fused
+query-key-value projection, `kv·(g+2)·2·hd2` outputs) has factors a small offset away from a marker, and is read
+as that product of sums. Every reading is checked against a second trace at other primes before it is used
+(see templates.py), so a misreading is never silent.
 
 A polynomial is a tuple of terms `(coefficient, exponents)`, the exponents one per VARIABLES entry.
 """
@@ -44,19 +45,51 @@ MOE_MARKERS = {**MARKERS, "hd2": 13, "x": 37}
 MOE_CHECK_MARKERS = {**CHECK_MARKERS, "hd2": 11, "m": 17}
 
 
+# Phi-3 fuses the query, key and value projections into one of (heads + 2·kv)·head size outputs: with grouped
+# query heads, kv·(g + 2)·head size, so g also appears two more. Its markers give g + 2 a prime of its own (59 + 2 =
+# 61; 11 + 2 would be 13, the width marker), and in the check g + 2 is 15, no other check value (3 + 2 would be
+# the check's kv, and a misreading of g + 2 as kv would pass the check).
+_FUSED_QKV = frozenset({"phi3"})
+# Types that rotate `partial_rotary_factor` of each head (transformers' Phi-3 rotary embedding: int(head size ·
+# factor) dimensions, split in halves): their head unit follows the factor (`units`).
+_PARTIAL_ROTARY = frozenset({"phi3"})
+FUSED_MARKERS = {**MARKERS, "g": 59}
+FUSED_CHECK_MARKERS = {**CHECK_MARKERS, "g": 13}
+# A head unit above 6 (Phi-4-mini rotating 0.75 of each head: units of 8) would make marker heads of 296 and
+# 328, past the head sizes real models have (attention kernels choose by head size): such types take the MoE
+# types' head markers, heads of 104 and 88.
+_SMALL_HEADS = {"hd2": MOE_MARKERS["hd2"], "x": MOE_MARKERS["x"]}
+_SMALL_CHECK_HEADS = {"hd2": MOE_CHECK_MARKERS["hd2"]}
+
+
 def markers(config: Mapping[str, Any], *, check: bool = False) -> dict[str, int]:
     """The marker dimensions a template of this config is read (or, with `check`, checked) at."""
-    if config.get("model_type") in MOE_TYPES:
+    model_type = config.get("model_type")
+    if model_type in MOE_TYPES:
         return MOE_CHECK_MARKERS if check else MOE_MARKERS
-    return CHECK_MARKERS if check else MARKERS
+    if model_type in _FUSED_QKV:
+        chosen = FUSED_CHECK_MARKERS if check else FUSED_MARKERS
+    else:
+        chosen = CHECK_MARKERS if check else MARKERS
+    if units(config)[0] > 6:
+        chosen = {**chosen, **(_SMALL_CHECK_HEADS if check else _SMALL_HEADS)}
+    return chosen
 
 
-_SHIFTED = ("b", "s")  # the variables that may appear off by one
-_OFFSETS = (1, -1)
+# The variables that may appear shifted, and by how much: micro-batch and length off by one (the loss's labels);
+# for fused query-key-value projections the query heads per kv head plus the key and value heads (g + 2).
+_SHIFTS: dict[str, tuple[int, ...]] = {"b": (1, -1), "s": (1, -1)}
+_FUSED_SHIFTS = {**_SHIFTS, "g": (2,)}
 
-# Model types whose attention and MLP are sized by these dimensions (separate q, k, v, o projections; a
-# gated or plain MLP of one intermediate size), and the config keys that hold them.
-DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "phi", "gpt2"})
+
+def shifts(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """How far each variable may appear shifted in a size of this config's step (see `factor`)."""
+    return _FUSED_SHIFTS if config.get("model_type") in _FUSED_QKV else _SHIFTS
+
+# Model types whose attention and MLP are sized by these dimensions (q, k, v, o projections, separate or with q,
+# k and v fused into one; a gated or plain MLP of one intermediate size, gate and up separate or fused), and the
+# config keys that hold them.
+DENSE_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text", "phi", "phi3", "gpt2"})
 # GPT-2 names its dimensions its own way, has one query head per key-value head, and an MLP four times the
 # hidden size unless `n_inner` says otherwise.
 _RENAMED = {"gpt2": {"hidden_size": "n_embd", "num_attention_heads": "n_head", "intermediate_size": "n_inner"}}
@@ -84,10 +117,20 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "qwen3": {"attention_bias": False, "attention_dropout": 0.0},
     "qwen3_moe": {"attention_bias": False, "attention_dropout": 0.0},
     "gpt_oss": {"attention_bias": True, "attention_dropout": 0.0, "output_router_logits": False},
+    "phi3": {"attention_dropout": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0},
+    "gemma3_text": {"attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
+                    "final_logit_softcapping": None, "use_bidirectional_attention": False},
 }
 # Entries some published configs carry that transformers 5.x no longer reads (checked in test_templates.py).
 _UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"use_mrope"}),
-           "gpt_oss": frozenset({"experts_per_token", "initial_context_length"})}
+           "gpt_oss": frozenset({"experts_per_token", "initial_context_length"}),
+           # Keys of Phi-3's remote code (configuration_phi3.py on the Hub) that transformers' Phi-3 does not read:
+           # its projections have no biases, whatever the config says.
+           "phi3": frozenset({"attention_bias", "mlp_bias", "lm_head_bias", "full_attn_mod", "interpolate_factor"})}
+# Entries of a rope scaling that hold one number per rotary frequency (longrope's long_factor and short_factor):
+# as many as half the rotated part of a head, so a marker model gets lists of its own length, and only their
+# presence is structure (their numbers scale the frequencies and change no size).
+_PER_FREQUENCY = ("long_factor", "short_factor")
 _DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                    "vocab_size", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                    "n_embd", "n_head", "n_inner")
@@ -130,9 +173,11 @@ def evaluate(poly: Poly, values: Mapping[str, int]) -> int:
     return total
 
 
-def factor(n: int, markers: Mapping[str, int], depth: int = 2) -> Poly | None:
-    """`n` as a product of the markers' variables, their sums with small offsets, and a small constant;
-    None when it is none of these (the caller then has no reading of it)."""
+def factor(n: int, markers: Mapping[str, int], depth: int = 2,
+           shifted: Mapping[str, tuple[int, ...]] = _SHIFTS) -> Poly | None:
+    """`n` as a product of the markers' variables, their sums with small offsets (`shifted`: by variable, the
+    offsets it may carry), and a small constant; None when it is none of these (the caller then has no reading
+    of it)."""
     if n == 0:
         return ()
     exponents: dict[str, int] = {}
@@ -146,12 +191,10 @@ def factor(n: int, markers: Mapping[str, int], depth: int = 2) -> Poly | None:
     if depth == 0:
         return None
     for name, prime in markers.items():
-        if name not in _SHIFTED:
-            continue
-        for offset in _OFFSETS:
-            shifted = prime + offset
-            if shifted > 1 and rest % shifted == 0:
-                inner = factor(rest // shifted, markers, depth - 1)
+        for offset in shifted.get(name, ()):
+            moved = prime + offset
+            if moved > 1 and rest % moved == 0:
+                inner = factor(rest // moved, markers, depth - 1, shifted)
                 if inner is not None:
                     linear = add((one({name: 1}), one({}, offset)))
                     return multiply(multiply(inner, linear), one(exponents))
@@ -170,11 +213,44 @@ def units(config: Mapping[str, Any]) -> tuple[int, int]:
     """(head unit, width unit): the head size is `hd2` head units, the hidden size per head `x` width units,
     the intermediate and expert widths `i` and `m` width units. Dense types: (2, 1), so that half the head
     size is a variable (rotary embeddings split heads in halves); Phi: (4, 1), since it rotates half of each
-    head, which must split in halves again. MoE types: (8, 8), because their grouped expert matmuls need
+    head, which must split in halves again; Phi-3: the least unit whose rotated part splits in halves (8 for
+    Phi-4-mini, which rotates 0.75 of each head). MoE types: (8, 8), because their grouped expert matmuls need
     16-byte strides, so every width of a marker model is a multiple of 8 elements."""
-    if config.get("model_type") in MOE_TYPES:
+    model_type = config.get("model_type")
+    if model_type in MOE_TYPES:
         return 8, 8
-    return (4, 1) if config.get("model_type") == "phi" else (2, 1)
+    if model_type == "phi":
+        return 4, 1
+    if model_type in _PARTIAL_ROTARY:
+        return _rotary_unit(config), 1
+    return 2, 1
+
+
+def _rotary_factor(config: Mapping[str, Any]) -> float | None:
+    """The part of each head rotated (1.0 unless the config says otherwise); None when it is no number."""
+    factor = config.get("partial_rotary_factor")
+    for key in ("rope_parameters", "rope_scaling"):
+        scaling = config.get(key)
+        if factor is None and isinstance(scaling, Mapping):
+            factor = scaling.get("partial_rotary_factor")
+    try:
+        return 1.0 if factor is None else float(factor)
+    except (TypeError, ValueError):
+        return None
+
+
+def _rotary_unit(config: Mapping[str, Any]) -> int:
+    """The least head unit u of 2 to 8 for which u · partial_rotary_factor is an even whole number, so that the
+    rotated part of a marker head, u · factor · hd2, splits in halves and is a multiple of hd2; 0 when there is
+    none (no template: `dense_dimensions`)."""
+    factor = _rotary_factor(config)
+    if factor is None:
+        return 0
+    for unit in range(2, 9):
+        rotated = unit * factor
+        if rotated == int(rotated) and int(rotated) % 2 == 0 and rotated > 0:
+            return unit
+    return 0
 
 
 def _standard(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -199,6 +275,8 @@ def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
         return None
     config = _standard(config)
     head_unit, width_unit = units(config)
+    if head_unit == 0:  # a rotated part no marker head splits in halves
+        return None
     try:
         heads = int(config["num_attention_heads"])
         kv = int(config.get("num_key_value_heads") or heads)
@@ -229,7 +307,8 @@ def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
 
 def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     """What of a config decides the operations of a step, beyond its dimensions: the other entries, and
-    which dimensions coincide (grouped-query or not, head size given or derived from the hidden size)."""
+    which dimensions coincide (grouped-query or not, head size given or derived from the hidden size, a single
+    key-value head or more)."""
     values = dense_dimensions(config) or {}
     model_type = str(config.get("model_type"))
     inert = set(_INERT_KEYS) | _UNREAD.get(model_type, frozenset())
@@ -240,20 +319,32 @@ def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     defaults = {**_DEFAULTS.get(model_type, {}), "rope_scaling": None}
     kept = {k: v for k, v in config.items()
             if k not in inert and k not in _DIMENSION_KEYS and not (k in defaults and v == defaults[k])}
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = kept.get(key)
+        if isinstance(scaling, dict) and any(name in scaling for name in _PER_FREQUENCY):
+            kept[key] = {name: "per rotary frequency" if name in _PER_FREQUENCY else value
+                         for name, value in scaling.items()}
     kept["_grouped"] = values.get("g", 1) > 1
     kept["_head_dim_given"] = bool(config.get("head_dim"))
+    if values.get("kv") == 1:
+        # Multi-query attention (Gemma 3 1B): a key of one head, (b, 1, s, head) once transposed, is contiguous
+        # where one of several heads is not, so the step copies less; a marker model keeps its single kv head.
+        # Stated only when so: the keys of every other structure stay as they were.
+        kept["_single_kv"] = True
     return kept
 
 
 def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict[str, Any]:
     """`config` with its dimensions replaced by the markers', keeping its structure (which dimensions
-    coincide): one query head per key-value head stays so, a derived head size stays derived."""
+    coincide): one query head per key-value head stays so, a derived head size stays derived, a single key-value
+    head stays single."""
     shaped = dict(config)
-    grouped = structure(config)["_grouped"]
-    groups = markers["g"] if grouped else 1
-    heads = markers["kv"] * groups
+    shape = structure(config)
+    groups = markers["g"] if shape["_grouped"] else 1
+    kv = 1 if shape.get("_single_kv") else markers["kv"]
+    heads = kv * groups
     head_unit, width_unit = units(config)
-    shaped["num_key_value_heads"] = markers["kv"]
+    shaped["num_key_value_heads"] = kv
     shaped["num_attention_heads"] = heads
     if config.get("head_dim"):
         shaped["head_dim"] = head_unit * markers["hd2"]
@@ -267,6 +358,7 @@ def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict
         shaped[experts], shaped[routed] = markers["e"], markers["k"]
         if width is not None:
             shaped[width] = width_unit * markers["m"]
+    _resize_per_frequency(shaped)
     for standard, own in _RENAMED.get(str(config.get("model_type")), {}).items():
         shaped[own] = shaped.pop(standard)
     if config.get("model_type") in _RENAMED:
@@ -274,6 +366,27 @@ def marker_config(config: Mapping[str, Any], markers: Mapping[str, int]) -> dict
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         shaped[key] = None
     return shaped
+
+
+def _resize_per_frequency(shaped: dict[str, Any]) -> None:
+    """Give a marker config's per-frequency rope lists (`_PER_FREQUENCY`) the length its heads want: half the
+    rotated part of a head (transformers refuses a longrope config whose lists are of another length), each
+    entry taken from the real list at the same relative position."""
+    factor = _rotary_factor(shaped)
+    if factor is None:
+        return
+    head = shaped.get("head_dim") or shaped["hidden_size"] // shaped["num_attention_heads"]
+    wanted = int(head * factor) // 2
+    for key in ("rope_scaling", "rope_parameters"):
+        scaling = shaped.get(key)
+        if not isinstance(scaling, dict):
+            continue
+        resized = dict(scaling)
+        for name in _PER_FREQUENCY:
+            values = scaling.get(name)
+            if isinstance(values, list) and values:
+                resized[name] = [values[index * len(values) // wanted] for index in range(wanted)]
+        shaped[key] = resized
 
 
 def variable_values(config: Mapping[str, Any], rank: int, batch: int | None) -> dict[str, int] | None:
@@ -301,8 +414,11 @@ def marker_values(config: Mapping[str, Any], markers: Mapping[str, int], *, mult
         del values[name]
     if not config.get("head_dim"):
         del values["x"]
-    if not structure(config)["_grouped"]:
+    shape = structure(config)
+    if not shape["_grouped"]:
         del values["g"]
+    if shape.get("_single_kv"):
+        del values["kv"]
     if not multi:
         del values["b"]
     return values

@@ -96,8 +96,9 @@ def _marker_window(config_data: dict[str, Any], above: bool, *, check: bool) -> 
 # names exactly these (as axolotl configs often do) is the same adapter and has the same template (checked by
 # tracing both, tests/unit/estimate/test_templates.py).
 _DECODER = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
-LINEAR_LAYERS = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma2"), _DECODER),
+LINEAR_LAYERS = {**dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3_text"), _DECODER),
                  "phi": frozenset({"q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"}),
+                 "phi3": frozenset({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}),  # fused q/k/v, gate/up
                  "gpt2": frozenset({"c_attn", "c_proj", "c_fc"})}
 
 
@@ -414,9 +415,10 @@ def build_template(config_data: dict[str, Any], settings: TraceSettings, multi: 
     config = text_config_data(config_data)
     chosen_markers = symbols.markers(config)
     active = symbols.marker_values(config, chosen_markers, multi=multi)
+    shifted = symbols.shifts(config)
 
     def reader(n: int) -> symbols.Poly | None:
-        return symbols.factor(n, active)
+        return symbols.factor(n, active, shifted=shifted)
 
     chosen = depths(config_data)
     traces = len(chosen) + 1

@@ -125,7 +125,7 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
         served.setdefault(data["model_type"], templates.applies(data, LORA))
     assert served == {"llama": True, "mistral": True, "qwen2": True, "qwen3": True, "gpt2": True, "phi": True,
                       "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": True,
-                      "phi3": False, "gemma3_text": False, "deepseek_v2": False}
+                      "phi3": True, "gemma3_text": True, "deepseek_v2": False}
     llama = config("meta-llama/Llama-3.1-8B")
     assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}))
     mistral = config("mistralai/Mistral-7B-v0.1")  # each side of the sliding window has its templates
@@ -247,6 +247,8 @@ def test_frees_with_no_allocation_between_them_are_compared_in_key_order() -> No
 @pytest.mark.parametrize("name, layers", [("meta-llama/Llama-3.2-1B", ["q_proj", "k_proj", "v_proj", "o_proj",
                                                                        "gate_proj", "up_proj", "down_proj"]),
                                           ("microsoft/phi-1_5", ["q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"]),
+                                          ("microsoft/Phi-3-mini-4k-instruct", ["qkv_proj", "o_proj", "gate_up_proj",
+                                                                                "down_proj"]),
                                           ("openai-community/gpt2", ["c_attn", "c_proj", "c_fc"])])
 def test_a_target_list_of_every_linear_layer_is_all_linear(name: str, layers: list[str]) -> None:
     """The same adapter as `all-linear` (peft adapts every linear layer but the head): the same trace, so the
@@ -293,3 +295,78 @@ def test_a_runner_s_template_equals_a_trace_of_that_runner_s_step(runner: str, m
     settings = _runner_settings(runner, method)
     assert settings.runner_step, "the runner's step is tunecast's own: this would test nothing new"
     assert_exact(config(name, layers=4), settings, batch, seq)
+
+
+# Tiny configs of the fused Phi-3 layout and of Gemma 3's text model, built here (no catalog entry): a few seconds a
+# template. Phi-3 fuses q, k and v into one projection of (heads + 2·kv)·head outputs and gate and up into one of
+# 2·intermediate; Gemma 3 alternates sliding and full layers, each type with its own rotary embedding, and normalises
+# queries and keys.
+PHI3 = {"model_type": "phi3", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "intermediate_size": 96, "vocab_size": 320, "num_hidden_layers": 2, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4096, "sliding_window": 2047, "rope_scaling": None,
+        "tie_word_embeddings": False, "hidden_act": "silu", "pad_token_id": 0}
+# Phi-4-mini's kind: a quarter of each head left unrotated, longrope frequencies (one factor per rotated pair), tied
+# embeddings, three query heads per kv head.
+PHI4_MINI = {**PHI3, "num_attention_heads": 6, "hidden_size": 96, "partial_rotary_factor": 0.75,
+             "max_position_embeddings": 131072, "tie_word_embeddings": True, "sliding_window": 262144,
+             "rope_scaling": {"type": "longrope", "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0],
+                              "short_factor": [1.0] * 6}}
+GEMMA3 = {"model_type": "gemma3_text", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+          "head_dim": 32, "intermediate_size": 96, "vocab_size": 320, "num_hidden_layers": 2,
+          "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 512, "query_pre_attn_scalar": 32,
+          "rope_theta": 1000000, "rope_local_base_freq": 10000, "hidden_activation": "gelu_pytorch_tanh",
+          "pad_token_id": 0}
+
+
+@pytest.mark.parametrize("data, settings, batch, seq", [
+    (PHI3, LORA, 2, 40),                                             # grouped: qkv_proj is kv·(g + 2)·head wide
+    ({**PHI3, "num_key_value_heads": 4}, LORA, 1, 48),               # one query head per kv head: 3·kv·head
+    (PHI3, FULL_BF16, 2, 24),                                        # full fine-tuning: the fused weights train
+    (PHI4_MINI, LORA, 2, 40),                                        # 0.75 of each head rotated (head units of 8)
+    ({**PHI3, "sliding_window": 32}, LORA, 2, 48),                   # above the window: the sliding mask
+    (GEMMA3, LORA, 2, 40),                                           # a single kv head (gemma-3-1b's)
+    ({**GEMMA3, "num_key_value_heads": 2}, LORA, 1, 48),
+    ({**GEMMA3, "num_key_value_heads": 2}, FULL, 2, 24),             # autocast, foreach AdamW, eager attention
+    ({**GEMMA3, "sliding_window": 32}, LORA, 2, 48),                 # above the window
+])
+def test_a_template_of_phi3_or_gemma3_equals_a_trace(data: dict[str, Any], settings: TraceSettings, batch: int,
+                                                     seq: int) -> None:
+    assert_exact(data, settings, batch, seq)
+
+
+def test_a_single_kv_head_is_structure() -> None:
+    """Multi-query attention (one kv head) copies less than several heads do (a key of one head stays contiguous
+    once transposed), so a marker model keeps one kv head: a template read at 7 kv heads differed from the trace
+    of a Llama of one. Other structures' keys are unchanged (the entry is there only when true)."""
+    llama = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 1,
+             "intermediate_size": 96, "vocab_size": 320, "num_hidden_layers": 2, "pad_token_id": 0}
+    assert symbols.structure(llama)["_single_kv"] is True
+    assert "_single_kv" not in symbols.structure({**llama, "num_key_value_heads": 2})
+    assert symbols.marker_config(llama, symbols.MARKERS)["num_key_value_heads"] == 1
+    assert_exact(llama, LORA, 2, 40)
+
+
+def test_a_fused_qkv_width_is_read_back_with_two_more_heads_per_kv_head() -> None:
+    """Phi-3's markers give g + 2 a prime factor of its own (61), read as the sum; other types are not read so."""
+    markers = symbols.FUSED_MARKERS
+    n = 2 * markers["kv"] * (markers["g"] + 2) * markers["hd2"] * markers["r"] * 2
+    poly = symbols.factor(n, markers, shifted=symbols.shifts(PHI3))
+    assert poly is not None
+    assert symbols.evaluate(poly, {"kv": 8, "g": 3, "hd2": 48, "r": 16}) == 2 * 8 * 5 * 48 * 16 * 2
+    assert symbols.factor(n, markers, shifted=symbols.shifts(config("meta-llama/Llama-3.2-1B"))) is None
+    values = set(symbols.FUSED_CHECK_MARKERS.values())
+    assert symbols.FUSED_CHECK_MARKERS["g"] + 2 not in values and symbols.FUSED_MARKERS["g"] + 2 not in \
+        set(symbols.FUSED_MARKERS.values())
+
+
+def test_phi3_head_units_split_the_rotated_part_in_halves() -> None:
+    assert symbols.units(PHI3) == (2, 1)
+    assert symbols.units(PHI4_MINI) == (8, 1) and symbols.markers(PHI4_MINI)["hd2"] * 8 <= 256
+    assert symbols.units({**PHI3, "partial_rotary_factor": 0.5}) == (4, 1)
+    shaped = symbols.marker_config(PHI4_MINI, symbols.markers(PHI4_MINI))
+    rotated = int(shaped["hidden_size"] // shaped["num_attention_heads"] * 0.75)
+    assert len(shaped["rope_scaling"]["long_factor"]) == rotated // 2
+    # the factors' numbers are no structure: Phi-3.5-mini and a copy with other factors share templates
+    phi35 = config("microsoft/Phi-3.5-mini-instruct")
+    other = {**phi35, "rope_scaling": {**phi35["rope_scaling"], "long_factor": [2.0] * 48}}
+    assert templates.template_key(phi35, LORA, True) == templates.template_key(other, LORA, True)
