@@ -44,12 +44,15 @@ def versions_of(row: dict[str, str]) -> dict[str, str]:
 
 def version_settings(row: dict[str, str], runner: str | None) -> dict[str, Any]:
     """The settings a row's versions and quantization state: the runner's version (`runner_version`, when tunecast
-    has a runner for its tool), the bitsandbytes a QLoRA row ran, and whether its NF4 constants were quantized
-    again (`nf4` without, `nf4-dq` with: litgpt's bnb.nf4 and bnb.nf4-dq)."""
+    has a runner for its tool) and the transformers it ran on (`transformers_version`, whose loss that runner takes;
+    tunecast's own step runs the transformers installed), the bitsandbytes a QLoRA row ran, and whether its NF4
+    constants were quantized again (`nf4` without, `nf4-dq` with: litgpt's bnb.nf4 and bnb.nf4-dq)."""
     versions = versions_of(row)
     settings: dict[str, Any] = {}
     if runner is not None and row["framework"].lower() in versions:
         settings["runner_version"] = versions[row["framework"].lower()]
+    if runner is not None and "transformers" in versions:
+        settings["transformers_version"] = versions["transformers"]
     if row["method"] == "qlora" and "bitsandbytes" in versions:
         settings["bitsandbytes_version"] = versions["bitsandbytes"]
     return settings
@@ -178,7 +181,8 @@ def runner_rows(rows: list[dict[str, str]], catalog: Any, own: dict[str, dict[st
             continue
         gpu = catalog.gpus.get(row["gpu"])
         spec = apply_runner(RunSpec.model_validate(config))
-        plain = RunSpec.model_validate({**spec.model_dump(), "runner": "tunecast", "runner_version": None})
+        plain = RunSpec.model_validate({**spec.model_dump(), "runner": "tunecast", "runner_version": None,
+                                        "transformers_version": None})
         reserved = row["metric"].startswith("max_memory_reserved")
         figures = []
         for each in (spec, plain):

@@ -16,7 +16,9 @@ read; docs/runners.md lists them, with the research behind them in docs/research
   version range and sources. `runner_version` picks one (`runner_entry`); unset, the entry itself (today's) counts.
 
 bitsandbytes is no runner, but every runner's QLoRA runs its quantized layers: `bitsandbytes_version` picks an older
-behaviour of those the same way (BITSANDBYTES for 4-bit layers, BITSANDBYTES_INT8 for 8-bit ones).
+behaviour of those the same way (BITSANDBYTES for 4-bit layers, BITSANDBYTES_INT8 for 8-bit ones). transformers is no
+runner either, but the runners that take the loss from the model's full logits run its causal-LM loss:
+`transformers_version` picks an older one (TRANSFORMERS).
 
 `tunecast` is the runner tunecast trains with; the others are for estimates (`memory`, `plan`, `train --dry-run`).
 """
@@ -282,6 +284,28 @@ BITSANDBYTES_INT8 = Runner(
 
 _BITSANDBYTES_BY_BITS = {4: BITSANDBYTES, 8: BITSANDBYTES_INT8}
 
+# transformers' causal-LM loss (ForCausalLMLoss, which a model's forward calls when given labels), read in
+# huggingface/transformers' released wheels: what every runner whose loss comes from the model's full logits runs (the
+# Trainer's, TRL's before 1.7, axolotl's, LLaMA-Factory's). The entry is what tunecast's trace runs (transformers 5.24).
+TRANSFORMERS = Runner(
+    "transformers", "transformers", "transformers 4.49 and later",
+    versions=VersionRange((4, 49)),
+    sources=("ForCausalLMLoss upcasts the logits to fp32 and pads the labels by one position, so the cross-entropy "
+             "reads the upcast logits as they are (transformers/loss/loss_utils.py, read in 4.49.0 and 5.24.0; PR "
+             "#35646, 'Optimize ForCausalLMLoss by removing unnecessary contiguous() call', first released in "
+             "4.49.0)",),
+    history=(Era(VersionRange((4, 46), (4, 49)), "transformers 4.46-4.48", step=("shifted-logits-copy",),
+                 sources=("ForCausalLMLoss takes logits.float() and then shift_logits = logits[..., :-1, :]"
+                          ".contiguous(), a second fp32 tensor of every position but each sequence's last, both "
+                          "alive while the cross-entropy runs (transformers 4.46.0-4.48.3 loss/loss_utils.py); the "
+                          "models' forward calls it from 4.46 (Llama, Qwen2, Phi-3, Mixtral, Gemma 1 and 2, Phi). "
+                          "Mistral's forward calls it from 4.48; in 4.46-4.47 it takes the same copy itself and "
+                          "returns the fp32 logits in place of its own, 2 bytes per logit less than estimated "
+                          "(transformers 4.46.0, 4.47.1 models/mistral/modeling_mistral.py); GPT-2's copies the "
+                          "shifted logits in their own dtype, estimated as ForCausalLMLoss. Before 4.46 each model's "
+                          "forward computed the loss in its own way, not modelled",)),),
+)
+
 
 class UnknownVersion(ValueError):
     """A version the entry has no behaviour for: the message says which it knows."""
@@ -308,14 +332,25 @@ def bitsandbytes_entry(spec: RunSpec) -> Runner:
     return _resolved(_BITSANDBYTES_BY_BITS[spec.quantization.bits], spec.bitsandbytes_version)
 
 
+def transformers_entry(spec: RunSpec) -> Runner:
+    """transformers' causal-LM loss as `spec.transformers_version` ran it (today's without one, and for runner
+    tunecast, whose step runs the transformers installed: the config checks refuse a version there)."""
+    return _resolved(TRANSFORMERS, spec.transformers_version if spec.runner != "tunecast" else None)
+
+
 def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
     """(key, what is wrong, how to fix) for a version `spec` names that no entry knows; None when all are known."""
     if spec.runner_version is not None and spec.runner == "tunecast":
         return ("runner_version", "names a version of another tool, and runner is tunecast (this version's own step)",
                 "set runner to the tool that version is of (trl, hf-trainer, axolotl, …), or remove runner_version")
+    if spec.transformers_version is not None and spec.runner == "tunecast":
+        return ("transformers_version", "names the transformers another tool ran, and runner is tunecast (this "
+                "version's own step, on the transformers installed)", "set runner to the tool that ran on that "
+                "transformers (trl, hf-trainer, axolotl, llamafactory), or remove transformers_version")
     for key, entry, text in (("runner_version", RUNNERS[spec.runner], spec.runner_version),
                              ("bitsandbytes_version", _BITSANDBYTES_BY_BITS[spec.quantization.bits],
-                              spec.bitsandbytes_version)):
+                              spec.bitsandbytes_version),
+                             ("transformers_version", TRANSFORMERS, spec.transformers_version)):
         if text is None:
             continue
         if parse_version(text) is None:

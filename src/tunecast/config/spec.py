@@ -44,7 +44,7 @@ PlanAllowance = Literal[
 ]
 
 # Keys whose value is text even when it reads as a number (a version): `--set` takes them as written.
-TEXT_KEYS = ("runner_version", "bitsandbytes_version")
+TEXT_KEYS = ("runner_version", "bitsandbytes_version", "transformers_version")
 
 PositiveInt = Annotated[int, Field(ge=1)]
 DEFAULT_MICRO_BATCH = 8
@@ -391,6 +391,13 @@ class RunSpec(_Section):
     for the backward pass (config/runner.py BITSANDBYTES); the 8-bit layers are known from 0.50 (BITSANDBYTES_INT8).
     Written as text, like `runner_version`. Default: unset, today's."""
 
+    transformers_version: str | None = Field(None, examples=["4.48.1"])
+    """The transformers whose causal-LM loss an estimate follows, for a runner that takes the loss from the model's
+    full logits (the transformers Trainer, TRL before 1.7, axolotl, LLaMA-Factory): 4.46-4.48 took it from a
+    contiguous fp32 copy of the shifted logits, which 4.49 and later do not make (config/runner.py TRANSFORMERS).
+    Not with runner tunecast, whose step runs the transformers installed. Written as text, like `runner_version`.
+    Default: unset, today's."""
+
     packing: bool = False
     """Pack several examples into each sequence (no cross-attention between them). Default false, as
     TRL's SFTConfig.packing."""
@@ -465,7 +472,7 @@ class RunSpec(_Section):
             return value
         raise ValueError("must be a whole number ≥ 1 or auto")
 
-    @field_validator("runner_version", "bitsandbytes_version", mode="before")
+    @field_validator("runner_version", "bitsandbytes_version", "transformers_version", mode="before")
     @classmethod
     def _version_text(cls, value: object) -> object:
         """A version is text: YAML reads an unquoted 1.10 as the number 1.1, another version."""

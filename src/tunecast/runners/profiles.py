@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecast.config.runner import BITSANDBYTES, BITSANDBYTES_INT8, RUNNERS, Runner
+from tunecast.config.runner import BITSANDBYTES, BITSANDBYTES_INT8, RUNNERS, TRANSFORMERS, Runner
 from tunecast.step.variants import MIXED, MIXED_ONLY, STEP_VARIANTS
 
 
 def differences_table() -> str:
     """Every runner's differences from tunecast's step, with sources, as Markdown (docs/runners.md holds it; a test
-    keeps the two equal): today's, then each older version range `runner_version` selects, then bitsandbytes'
+    keeps the two equal): today's, then each older version range `runner_version` selects, then transformers' loss
+    (`transformers_version`, every runner that takes the loss from the full logits), bitsandbytes'
     (`bitsandbytes_version`, every runner's QLoRA), and its 8-bit layers (`quantization.bits: 8`)."""
     lines = ["| runner | modelled version | step, as traced | defaults for unset keys | not modelled |",
              "|---|---|---|---|---|"]
@@ -26,6 +27,11 @@ def differences_table() -> str:
             assert older is not None
             lines.append(_row(older, f"`{runner.name}`, older", f"{era.label} (`runner_version` "
                                                                    f"{era.versions.text()})"))
+    for era in TRANSFORMERS.history:
+        older = TRANSFORMERS.at(era.versions.since or ())
+        assert older is not None
+        lines.append(_row(older, "any runner's loss from the full logits (not `tunecast`)",
+                          f"{era.label} (`transformers_version` {era.versions.text()}; unset: {TRANSFORMERS.version})"))
     for era in BITSANDBYTES.history:
         older = BITSANDBYTES.at(era.versions.since or ())
         assert older is not None

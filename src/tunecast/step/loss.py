@@ -9,6 +9,7 @@ chunk's logits exist at a time (the approach of torchtune's chunked cross-entrop
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,7 +45,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     their sum divided by it (the trained tokens of a whole optimizer step). `fp32_outputs` (standard loss) also
     makes the fp32 copy of the logits that accelerate's mixed precision returns, held until the loss is returned:
     how the transformers Trainer's step holds memory. `runner_step` may name another tool's loss (`fused-head`,
-    `output-chunks`, `fused-chunks`, `compiled-loss`): step/variants.py STEP_VARIANTS."""
+    `output-chunks`, `fused-chunks`, `compiled-loss`), or an older transformers' loss for the model to take
+    (`shifted-logits-copy`): step/variants.py STEP_VARIANTS."""
     inputs: dict[str, Any] = {"input_ids": input_ids, "use_cache": False}
     if attention_mask is not None:
         inputs["attention_mask"] = attention_mask
@@ -62,7 +64,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     if not chunked:
         if num_items is not None:
             inputs["num_items_in_batch"] = num_items
-        outputs = model(labels=labels, **inputs)
+        with _model_loss(model, runner_step):
+            outputs = model(labels=labels, **inputs)
         if fp32_outputs:
             outputs["logits"] = outputs.logits.float()  # (batch, seq, vocab), dropped with `outputs` on return
         if "accuracy-copy" in runner_step:
@@ -76,6 +79,41 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     shifted = _next_tokens(labels)
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
     return _per_item(_chunked_total(hidden, head, shifted, LOSS_CHUNKS, softcap), shifted, num_items)
+
+
+@contextlib.contextmanager
+def _model_loss(model: Any, runner_step: tuple[str, ...]) -> Iterator[None]:
+    """While the model computes its loss from its labels: the loss of an older transformers where `runner_step`
+    names one (`shifted-logits-copy`), in place of the installed transformers' ForCausalLMLoss. It runs where that
+    one runs, inside the model's forward, before accelerate's fp32 copy of the outputs, as it did in those versions."""
+    if "shifted-logits-copy" not in runner_step:
+        yield
+        return
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    own = base.__dict__.get("_loss_function")
+    base.loss_function = shifted_copy_loss
+    try:
+        yield
+    finally:
+        if own is None:
+            del base._loss_function
+        else:
+            base.loss_function = own
+
+
+def shifted_copy_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
+                      num_items_in_batch: torch.Tensor | None = None, ignore_index: int = IGNORE_INDEX,
+                      **_: Any) -> torch.Tensor:
+    """transformers 4.46-4.48's ForCausalLMLoss (loss/loss_utils.py, with fixed_cross_entropy): the logits upcast to
+    fp32, then a contiguous copy of them but each sequence's last position, the cross-entropy taken from the copy.
+    4.49 dropped the copy (PR #35646): it pads the labels instead and reads the upcast logits as they are."""
+    logits = logits.float()  # (batch, seq, vocab); the model's own when they are fp32 already
+    shift_logits = logits[..., :-1, :].contiguous()  # (batch, seq - 1, vocab): the copy
+    shift_labels = labels[..., 1:].contiguous().to(shift_logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = F.cross_entropy(shift_logits.view(-1, vocab_size), shift_labels.view(-1), ignore_index=ignore_index,
+                           reduction=reduction)
+    return loss / num_items_in_batch if num_items_in_batch is not None else loss
 
 
 def _chunked_total(hidden: torch.Tensor, head: Any, shifted: torch.Tensor, chunks: int,

@@ -4,7 +4,7 @@ variants, with sources: config/runner.py."""
 
 from __future__ import annotations
 
-from tunecast.config.runner import bitsandbytes_entry, runner_entry
+from tunecast.config.runner import bitsandbytes_entry, runner_entry, transformers_entry
 from tunecast.config.spec import RunSpec
 
 # How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
@@ -40,6 +40,9 @@ STEP_VARIANTS = {
                         "context, which non-reentrant checkpointing does not free (MatMul8bitLt, bitsandbytes 0.50)",
     "fused-chunks": "the loss in as few chunks as keep each chunk's fp32 logits within 4 GiB, each recomputed in "
                     "the backward pass (unsloth's fused cross-entropy); no full logits",
+    "shifted-logits-copy": "the model's loss takes a contiguous fp32 copy of the logits but each sequence's last "
+                           "position beside their fp32 upcast, both alive while the cross-entropy runs (transformers "
+                           "4.46-4.48's ForCausalLMLoss)",
 }
 # Variants whose chunk count follows the length: a step template (polynomials in the length) cannot describe them.
 CHUNKING_VARIANTS = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "compiled-loss", "trl-chunks")
@@ -55,6 +58,9 @@ STUB_INPUTS = {"stub-tokens": "tokens", "stub-tokens-head": "tokens", "stub-hidd
 STUB_CALLS_HEAD = ("stub-tokens-head", "stub-hidden-head")
 # Variants that take the loss from the hidden states themselves (the model returns no logits).
 OWN_LOSSES = ("fused-head", "fused-head-cpu", "output-chunks", "fused-chunks", "trl-chunks")
+# Variants of the loss the model computes itself from its full logits (transformers' ForCausalLMLoss): a step whose
+# loss is another (chunked, compiled, or a tool's own) does not run them.
+MODEL_LOSS = ("shifted-logits-copy",)
 # Variants that run only where the trainer's bf16=True (or fp16=True) is on: the precisions of MIXED.
 MIXED_ONLY = ("kbit-bf16-head",)
 # Variants a step runs otherwise where its tool finds no GPU kernels: on the CPU (`--device cpu`).
@@ -65,19 +71,21 @@ MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
 
 
 def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
-    """The variants the tracer runs for `spec`'s runner (at its `runner_version`) on `device`, and for QLoRA those of
-    bitsandbytes' layers of its `quantization.bits` at its `bitsandbytes_version` (none for tunecast's own step on
-    4-bit weights with today's bitsandbytes)."""
+    """The variants the tracer runs for `spec`'s runner (at its `runner_version`) on `device`, those of its loss at
+    its `transformers_version`, and for QLoRA those of bitsandbytes' layers of its `quantization.bits` at its
+    `bitsandbytes_version` (none for tunecast's own step on 4-bit weights with today's bitsandbytes)."""
     runner = runner_entry(spec)
-    chosen = [*runner.step, *(runner.mixed_step if spec.precision in MIXED else ())]
+    chosen = [*runner.step, *transformers_entry(spec).step, *(runner.mixed_step if spec.precision in MIXED else ())]
     if device == "cpu":
         chosen = [ON_CPU.get(variant, variant) for variant in chosen]
     if spec.method == "qlora":
         chosen += [*runner.qlora_step, *bitsandbytes_entry(spec).qlora_step]
     if spec.precision not in MIXED:
         chosen = [variant for variant in chosen if variant not in MIXED_ONLY]
-    if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy
-        chosen = [variant for variant in chosen if variant not in ("fp32-outputs", "accuracy-copy")]
+    if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy, and takes no loss
+        chosen = [variant for variant in chosen if variant not in ("fp32-outputs", "accuracy-copy", *MODEL_LOSS)]
+    if spec.loss == "chunked" or spec.compile:  # tunecast's chunks, or a compiled cross-entropy: not the model's loss
+        chosen = [variant for variant in chosen if variant not in MODEL_LOSS]
     if spec.compile and not any(v in ("fused-head", "fused-head-cpu", "fused-chunks", "trl-chunks") for v in chosen):
         # those hold no logits
         chosen.append("compiled-loss")
@@ -85,16 +93,18 @@ def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
 
 
 def runner_notes(spec: RunSpec, device: str = "cuda") -> list[str]:
-    """What `spec`'s runner (at its `runner_version`) changes in its step on `device`, which bitsandbytes a QLoRA
-    step follows, and what is not traced, for an estimate's notes."""
-    runner, bitsandbytes = runner_entry(spec), bitsandbytes_entry(spec)
+    """What `spec`'s runner (at its `runner_version`) changes in its step on `device`, which transformers loss and
+    which bitsandbytes a QLoRA step follows, and what is not traced, for an estimate's notes."""
+    runner, bitsandbytes, transformers = runner_entry(spec), bitsandbytes_entry(spec), transformers_entry(spec)
     chosen = runner_step(spec, device)
     lines = []
     if spec.runner != "tunecast":
         lines.append(f"runner {runner.label}: the step and defaults of {runner.version}"
                      + (f" (runner_version {spec.runner_version})" if spec.runner_version is not None else
                         "; set runner_version for an older version (docs/runners.md)"))
-    lines += [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in chosen
-              if v not in bitsandbytes.qlora_step]
+    libraries = (*bitsandbytes.qlora_step, *transformers.step)
+    lines += [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in chosen if v not in libraries]
+    lines += [f"{transformers.version} (transformers_version {spec.transformers_version}): {STEP_VARIANTS[v]}"
+              for v in chosen if v in transformers.step]
     lines += [f"{bitsandbytes.version}: {STEP_VARIANTS[v]}" for v in chosen if v in bitsandbytes.qlora_step]
     return lines + [f"runner {runner.label}: not modelled: {text}" for text in runner.unmodelled]

@@ -19,6 +19,6 @@ def test_starter_writes_every_key_with_its_docstring() -> None:
     text = starter_yaml("m/x", "run.yaml")
     data = yaml.safe_load(text)
     assert set(RunSpec.model_fields) - {"global_batch", "max_steps", "output", "runner_version",
-                                        "bitsandbytes_version"} <= set(data)
+                                        "bitsandbytes_version", "transformers_version"} <= set(data)
     assert "# Rank r of each adapter matrix. Default 8" in text
     assert "# max_steps: 1000" in text  # unset optional keys are shown commented out with an example

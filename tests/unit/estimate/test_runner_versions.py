@@ -1,5 +1,5 @@
-"""Older versions of the tools (`runner_version`, `bitsandbytes_version`): each version range runs its own step
-variants and defaults, and the variants change the traced tensors by what that version's code did."""
+"""Older versions of the tools (`runner_version`, `bitsandbytes_version`, `transformers_version`): each version range
+runs its own step variants and defaults, and the variants change the traced tensors by what that version's code did."""
 
 from dataclasses import replace
 from typing import Any
@@ -82,6 +82,24 @@ def test_bitsandbytes_before_0_43_2_keeps_the_4bit_layers_inputs() -> None:
     assert hf == ("autocast", "fp32-outputs", "kbit-fp32", "kbit-keeps-input")
 
 
+def test_transformers_before_4_49_copies_the_shifted_logits_in_the_models_loss() -> None:
+    fms = {"runner": "trl", "runner_version": "0.13.0", "method": "qlora", "precision": "bf16",
+           "bitsandbytes_version": "0.43.3"}
+    assert runner_step(spec_of(**fms, transformers_version="4.48.1")) == (
+        "shifted-logits-copy", "autocast", "fp32-outputs", "kbit-fp32", "kbit-bf16-head")
+    assert runner_step(spec_of(**fms, transformers_version="4.46")) == runner_step(
+        spec_of(**fms, transformers_version="4.48.3"))
+    assert "shifted-logits-copy" not in runner_step(spec_of(**fms, transformers_version="4.49.0"))
+    assert "shifted-logits-copy" not in runner_step(spec_of(**fms))
+    # a step whose loss is not the model's own takes no copy: a tool's own loss, tunecast's chunks, a compiled one
+    assert runner_step(spec_of(runner="trl", method="lora", transformers_version="4.48")) == ("fused-head", "autocast")
+    assert "shifted-logits-copy" not in runner_step(spec_of(**fms, transformers_version="4.48", loss="chunked"))
+    assert "shifted-logits-copy" not in runner_step(spec_of(runner="hf-trainer", compile=True,
+                                                            transformers_version="4.48"))
+    # tunecast's own step runs the transformers installed (the config checks refuse a version there)
+    assert runner_step(spec_of(method="lora", transformers_version="4.48")) == ()
+
+
 def test_notes_name_the_version_whose_behaviour_is_estimated() -> None:
     older = runner_notes(spec_of(runner="trl", method="lora", precision="bf16-mixed", runner_version="1.10"))
     assert older[0] == "runner TRL SFTTrainer: the step and defaults of TRL 1.7-1.14 (runner_version 1.10)"
@@ -91,6 +109,8 @@ def test_notes_name_the_version_whose_behaviour_is_estimated() -> None:
     own = runner_notes(spec_of(method="qlora", bitsandbytes_version="0.41.1"))
     assert own == [f"bitsandbytes 0.39-0.43.1: {STEP_VARIANTS['kbit-keeps-input']}"]
     assert runner_notes(spec_of(method="qlora")) == []
+    loss_notes = runner_notes(spec_of(runner="hf-trainer", transformers_version="4.48.1"))
+    assert f"transformers 4.46-4.48 (transformers_version 4.48.1): {STEP_VARIANTS['shifted-logits-copy']}" in loss_notes
 
 
 @pytest.mark.parametrize(("fields", "key", "message"), [
@@ -99,6 +119,9 @@ def test_notes_name_the_version_whose_behaviour_is_estimated() -> None:
     ({"runner_version": "1.0"}, "runner_version", "runner is tunecast"),
     ({"runner": "torchtune", "runner_version": "0.4"}, "runner_version", "it knows 0.6 and later"),
     ({"method": "qlora", "bitsandbytes_version": "0.38"}, "bitsandbytes_version", "it knows 0.39 and later"),
+    ({"transformers_version": "4.48"}, "transformers_version", "runner is tunecast"),
+    ({"runner": "trl", "transformers_version": "4.45.2"}, "transformers_version", "it knows 4.46 and later"),
+    ({"runner": "hf-trainer", "transformers_version": "five"}, "transformers_version", "'five' is not a version"),
 ])
 def test_an_unknown_version_is_a_problem_naming_its_key(fields: dict[str, Any], key: str, message: str) -> None:
     problems = [p for p in cross_field_problems(spec_of(**fields), lambda _: None) if p.severity == "error"]
@@ -121,8 +144,11 @@ def test_known_versions_pass_the_checks() -> None:
 def test_a_version_is_text_as_written() -> None:
     assert parse_set("runner_version=1.10").value == "1.10"
     assert parse_set("bitsandbytes_version= 0.41.1").value == "0.41.1"
+    assert parse_set("transformers_version=4.48.1").value == "4.48.1"
     with pytest.raises(ValidationError, match=r"must be written in quotes \('1.1'\)"):
         RunSpec.model_validate({"model": "x", "runner": "trl", "runner_version": 1.1})
+    with pytest.raises(ValidationError, match=r"must be written in quotes \('4.48'\)"):
+        RunSpec.model_validate({"model": "x", "runner": "trl", "transformers_version": 4.48})
 
 
 def test_keeping_the_4bit_inputs_grows_each_layer_by_its_new_inputs() -> None:
@@ -193,3 +219,37 @@ def test_trl_chunked_loss_is_the_cross_entropy() -> None:
     reference = F.cross_entropy(hidden.float() @ weight.float().t(), targets, ignore_index=loss.IGNORE_INDEX,
                                 reduction="sum")
     assert float(total.detach()) == pytest.approx(float(reference.detach()), rel=1e-5)
+
+
+def test_transformers_4_46_to_4_48_hold_a_copy_of_the_shifted_logits_while_the_loss_runs() -> None:
+    """ForCausalLMLoss before 4.49 (TRL 0.13's step under bf16: the model's bf16 logits, their fp32 upcast, and the
+    copy). The forward pass's peak, at the loss, holds the copy's bytes exactly, less what the copy's loss does not
+    hold: log-probabilities for each sequence's last position, and the labels 4.49 and later pad (int64, one
+    position longer, beside their shifted copy) where 4.46-4.48 keep a shifted copy one position shorter. In the
+    backward pass the three fp32 tensors of the logits' size it holds at its peak are a position per sequence
+    shorter."""
+    config = tiny_llama(num_hidden_layers=2, vocab_size=8192)
+    base = TraceSettings.from_spec(spec_of(method="lora", runner="trl", runner_version="0.13", precision="bf16"))
+    assert base.runner_step == ("autocast", "fp32-outputs")
+    _, today = traced(config, base)
+    _, older = traced(config, replace(base, runner_step=(*base.runner_step, "shifted-logits-copy")))
+    vocab = config["vocab_size"]
+    copy = BATCH * (SEQ - 1) * vocab * 4
+    last_positions = BATCH * vocab * 4
+    labels = BATCH * ((SEQ + 1) + SEQ - (SEQ - 1)) * 8
+    grown = older.phases["forward"].allocated - today.phases["forward"].allocated
+    assert grown == copy - last_positions - labels
+    assert today.phases["backward"].allocated - older.phases["backward"].allocated == 3 * last_positions
+
+
+def test_the_shifted_copy_loss_is_the_installed_transformers_loss() -> None:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 7, 30, dtype=torch.bfloat16)
+    labels = torch.randint(0, 30, (2, 7))
+    labels[0, 3] = loss.IGNORE_INDEX
+    for count in (None, torch.tensor(9)):
+        ours = loss.shifted_copy_loss(logits, labels, 30, num_items_in_batch=count)
+        theirs = ForCausalLMLoss(logits, labels, 30, num_items_in_batch=count)
+        assert float(ours) == pytest.approx(float(theirs), rel=1e-6)
