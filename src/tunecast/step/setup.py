@@ -103,8 +103,9 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
         model = apply_adapters(model, settings.adapters)
         if "kbit-bf16-head" in variants:
             cast_head_to_bf16(model)
-        if "kbit-keeps-input" in variants:
-            keep_quantized_inputs(model)
+        if "kbit-keeps-input" in variants or "kbit-input-dtype" in variants:
+            as_linear4bit(model, keeps_input="kbit-keeps-input" in variants,
+                          input_dtype="kbit-input-dtype" in variants)
         if "int8-keeps-input" in variants:
             keep_int8_inputs(model)
     if settings.grad_checkpointing:
@@ -152,25 +153,32 @@ class _KeepsInput(torch.autograd.Function):  # type: ignore[misc]
         return grad @ weight.to(grad.dtype), None, None
 
 
-def _keeping_input(layer: torch.nn.Linear) -> Any:
+def _linear4bit(layer: torch.nn.Linear, keeps_input: bool, input_dtype: bool) -> Any:
     def forward(inputs: torch.Tensor) -> torch.Tensor:
         # Linear4bit casts its input to its compute dtype (the autocast dtype of a mixed step) before MatMul4Bit,
-        # which keeps that tensor
+        # which before 0.43.2 keeps that tensor
         device = inputs.device.type
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else layer.weight.dtype
-        with torch.autocast(device, enabled=False):
-            return _KeepsInput.apply(inputs.to(dtype), layer.weight, layer.bias)
+        if keeps_input:
+            with torch.autocast(device, enabled=False):
+                out = _KeepsInput.apply(inputs.to(dtype), layer.weight, layer.bias)
+        else:
+            out = torch.nn.functional.linear(inputs.to(dtype), layer.weight.to(dtype),
+                                             None if layer.bias is None else layer.bias.to(dtype))
+        return out.to(inputs.dtype) if input_dtype else out
     return forward
 
 
-def keep_quantized_inputs(model: Any) -> None:
+def as_linear4bit(model: Any, *, keeps_input: bool, input_dtype: bool) -> None:
     """Every frozen Linear of the decoder layers (those bitsandbytes makes 4-bit; estimate/memory.py models their NF4
-    bytes) keeps its input for the backward pass, as bitsandbytes before 0.43.2 did. The model's stand-ins only:
-    a real bitsandbytes Linear4bit is left as the installed bitsandbytes runs it."""
+    bytes) run as bitsandbytes' Linear4bit runs: its input cast to the compute dtype; with `keeps_input` that copy kept
+    for the backward pass, as bitsandbytes before 0.43.2 did; with `input_dtype` the output cast back to the input's
+    dtype (`out.to(inp_dtype)`, every version). The model's stand-ins only: a real bitsandbytes Linear4bit is left
+    as the installed bitsandbytes runs it."""
     for block in decoder_layers(model):
         for layer in block.modules():
             if type(layer) is torch.nn.Linear and not layer.weight.requires_grad:
-                layer.forward = _keeping_input(layer)
+                layer.forward = _linear4bit(layer, keeps_input, input_dtype)
 
 
 class _KeptInContext(torch.autograd.Function):  # type: ignore[misc]

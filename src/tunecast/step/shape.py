@@ -75,7 +75,10 @@ def num_layers(data: dict[str, Any]) -> int:
 
 
 def layer_period(data: dict[str, Any]) -> int:
-    """The smallest repeat of the per-layer pattern (2 for alternating sliding/full attention, else 1)."""
+    """The smallest repeat of the per-layer pattern (2 for alternating sliding/full attention, else 1). A config
+    without the list may state its repeat instead: Gemma 3's `sliding_window_pattern: 6` (five sliding layers, then
+    a full one), from which transformers builds `layer_types` for the depth it is given, so that a copy of fewer
+    layers than the repeat would have no full layer."""
     config = _text_section(data)
     for key in _PER_LAYER_KEYS:
         pattern = config.get(key)
@@ -83,7 +86,8 @@ def layer_period(data: dict[str, Any]) -> int:
             for period in range(1, len(pattern) + 1):
                 if all(pattern[i] == pattern[i % period] for i in range(len(pattern))):
                     return period
-    return 1
+    stated = config.get("sliding_window_pattern")
+    return stated if isinstance(stated, int) and not isinstance(stated, bool) and stated > 1 else 1
 
 
 def shallow_config_data(data: dict[str, Any], layers: int) -> dict[str, Any]:

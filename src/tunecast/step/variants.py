@@ -33,6 +33,10 @@ STEP_VARIANTS = {
                      "trainer reports (TRL 0.16-1.5's compute_loss)",
     "kbit-bf16-head": "for QLoRA under bf16, the output head and embeddings cast back to bf16 after the fp32 cast, "
                       "the norms left in fp32 (TRL's peft_module_casting_to_bf16, before TRL 0.22)",
+    "kbit-input-dtype": "for QLoRA, each 4-bit layer computes in the compute dtype and returns its input's dtype "
+                        "(bitsandbytes' Linear4bit.forward, x.to(compute_dtype) then out.to(inp_dtype)): after "
+                        "peft's fp32 casts the norms feed it fp32, so the residual stream and each checkpointed "
+                        "layer's input turn fp32",
     "kbit-keeps-input": "for QLoRA, each 4-bit layer keeps its input (in the compute dtype) for the backward pass, "
                         "outside a checkpointed layer (bitsandbytes' MatMul4Bit before 0.43.2)",
     "int8-keeps-input": "for an 8-bit base, each 8-bit layer keeps its input (as it comes) for the backward pass, "
@@ -80,6 +84,10 @@ def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:
         chosen = [ON_CPU.get(variant, variant) for variant in chosen]
     if spec.method == "qlora":
         chosen += [*runner.qlora_step, *bitsandbytes_entry(spec).qlora_step]
+        if "kbit-fp32" in chosen and spec.quantization.bits == 4:
+            # bitsandbytes' 4-bit layers return their input's dtype in every version (0.39-0.50); only fp32 inputs,
+            # which peft's fp32 norms make, change the step, so the variant goes with kbit-fp32
+            chosen.append("kbit-input-dtype")
     if spec.precision not in MIXED:
         chosen = [variant for variant in chosen if variant not in MIXED_ONLY]
     if any(variant in OWN_LOSSES for variant in chosen):  # the model returns no logits to copy, and takes no loss

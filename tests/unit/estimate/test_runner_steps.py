@@ -79,7 +79,8 @@ def test_kbit_preparation_casts_every_weight_but_the_4bit_ones_to_fp32() -> None
     rest = sum(p.numel() for p in model.parameters() if id(p) not in linears)
     grown = prepared.phases["forward"].breakdown["weights"] - ours.phases["forward"].breakdown["weights"]
     assert grown == rest * 2  # bf16 -> fp32: two more bytes each (embeddings, head, norms)
-    assert runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer", precision="fp32")) == ("kbit-fp32",)
+    assert runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer", precision="fp32")) == \
+        ("kbit-fp32", "kbit-input-dtype")
     assert theirs.phases["forward"].breakdown["weights"] > 0
 
 
@@ -204,3 +205,20 @@ def test_the_fallback_head_loss_is_the_cross_entropy() -> None:
     summed = loss._trl_head_without_triton(hidden, weight, targets)
     reference = F.cross_entropy(hidden @ weight.t(), targets, ignore_index=loss.IGNORE_INDEX, reduction="sum")
     assert float(summed) == pytest.approx(float(reference), rel=1e-5)
+
+
+def test_4bit_layers_returning_their_input_dtype_make_the_residual_stream_fp32_after_kbit_preparation() -> None:
+    """bitsandbytes' Linear4bit returns its input's dtype: after peft's fp32 casts (and TRL's bf16 embeddings) the
+    fp32 norms feed the first layer's projections fp32, and from its attention on the residual stream is fp32, so
+    every checkpointed layer but the first keeps an fp32 input: two more bytes per element."""
+    layers = 3
+    config = tiny_llama(num_hidden_layers=layers)
+    base = replace(settings_of(method="qlora", grad_checkpointing=True),
+                   runner_step=("autocast", "kbit-fp32", "kbit-bf16-head"))
+    _, bf16_out = traced(config, base)
+    _, input_dtype = traced(config, replace(base, runner_step=(*base.runner_step, "kbit-input-dtype")))
+    grown = input_dtype.phases["forward"].breakdown["activations"] - bf16_out.phases["forward"].breakdown["activations"]
+    assert grown == (layers - 1) * BATCH * SEQ * config["hidden_size"] * 2
+    assert "kbit-input-dtype" in runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer"))
+    assert "kbit-input-dtype" not in runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer",
+                                                         quantization={"bits": 8}))

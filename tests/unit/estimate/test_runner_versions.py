@@ -51,7 +51,7 @@ def test_versions_read_as_dotted_numbers_and_ranges_are_half_open() -> None:
     ("1.7.0", ("trl-chunks", "autocast")),
     ("1.6", ("autocast", "fp32-outputs")),
     ("0.29", ("accuracy-copy", "autocast", "fp32-outputs")),
-    ("0.15.2", ("autocast", "fp32-outputs", "kbit-fp32", "kbit-bf16-head")),
+    ("0.15.2", ("autocast", "fp32-outputs", "kbit-fp32", "kbit-bf16-head", "kbit-input-dtype")),
 ])
 def test_trl_versions_run_their_own_loss(version: str | None, variants: tuple[str, ...]) -> None:
     method = "qlora" if version == "0.15.2" else "lora"
@@ -79,14 +79,14 @@ def test_bitsandbytes_before_0_43_2_keeps_the_4bit_layers_inputs() -> None:
     assert runner_step(spec_of(method="qlora", bitsandbytes_version="0.43.2")) == ()
     assert runner_step(spec_of(method="lora", bitsandbytes_version="0.41.1")) == ()
     hf = runner_step(spec_of(method="qlora", runner="hf-trainer", precision="bf16", bitsandbytes_version="0.42"))
-    assert hf == ("autocast", "fp32-outputs", "kbit-fp32", "kbit-keeps-input")
+    assert hf == ("autocast", "fp32-outputs", "kbit-fp32", "kbit-keeps-input", "kbit-input-dtype")
 
 
 def test_transformers_before_4_49_copies_the_shifted_logits_in_the_models_loss() -> None:
     fms = {"runner": "trl", "runner_version": "0.13.0", "method": "qlora", "precision": "bf16",
            "bitsandbytes_version": "0.43.3"}
     assert runner_step(spec_of(**fms, transformers_version="4.48.1")) == (
-        "shifted-logits-copy", "autocast", "fp32-outputs", "kbit-fp32", "kbit-bf16-head")
+        "shifted-logits-copy", "autocast", "fp32-outputs", "kbit-fp32", "kbit-bf16-head", "kbit-input-dtype")
     assert runner_step(spec_of(**fms, transformers_version="4.46")) == runner_step(
         spec_of(**fms, transformers_version="4.48.3"))
     assert "shifted-logits-copy" not in runner_step(spec_of(**fms, transformers_version="4.49.0"))
