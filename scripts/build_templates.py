@@ -56,6 +56,13 @@ SETTINGS: dict[str, dict] = {
     # holds the rest of the step, with a stand-in for the chunks (estimate/compose.py)
     "lora-chunked": {"method": "lora", "loss": "chunked"},
     "full-chunked": {"method": "full", "loss": "chunked"},
+    "qlora-dropout": {"method": "qlora", "lora": {"dropout": 0.05}},  # where a runner's QLoRA step is not its LoRA's
+    # TRL configs that load the weights in bf16 (`torch_dtype: bfloat16`, as the alignment-handbook's do)
+    "full-bf16": {"method": "full", "precision": "bf16"},
+    "lora-dropout-bf16": {"method": "lora", "precision": "bf16", "lora": {"dropout": 0.05}},
+    "qlora-dropout-bf16": {"method": "qlora", "precision": "bf16", "lora": {"dropout": 0.05}},
+    # torchtune's distributed full recipes step the optimizer after the backward pass
+    "full-step-after": {"method": "full", "optimizer_in_backward": False},
     # LLaMA-Factory v1's own loop: torch's AdamW as constructed (multi-tensor), adapters with peft's dropout
     "v1-lora": {"method": "lora", "optimizer": "adamw-foreach", "lora": {"dropout": 0.05}},
     "v1-full": {"method": "full", "precision": "bf16-mixed", "optimizer": "adamw-foreach"},
@@ -64,7 +71,9 @@ SETTINGS: dict[str, dict] = {
 RUNNERS_OF = {"lora-qvo-mlp": ("torchtune",), "int8": ("axolotl", "llamafactory", "trl", "hf-trainer", "tunecast"),
               "int8-dropout": ("axolotl", "llamafactory", "trl", "hf-trainer"), "v1-lora": ("llamafactory",),
               "v1-full": ("llamafactory",), "lora-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer"),
-              "full-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer")}
+              "full-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer"),
+              "qlora-dropout": ("axolotl", "llamafactory", "hf-trainer", "trl"), "full-bf16": ("trl",),
+              "lora-dropout-bf16": ("trl",), "qlora-dropout-bf16": ("trl",), "full-step-after": ("torchtune",)}
 # Runners whose step variants a template can hold: their templates differ from tunecast's own only where the
 # runner's variants apply (in fp32 the Trainer's none do: those keys are tunecast's). TRL's, torchtune's and
 # unsloth's losses are composed onto the template of the rest of their step (estimate/compose.py): theirs hold a
