@@ -26,3 +26,12 @@ def tiny_qwen3(**changes: Any) -> dict[str, Any]:
               "max_position_embeddings": 4096, "tie_word_embeddings": True}
     config.update(changes)
     return config
+
+
+def shallow_gemma(**changes: Any) -> dict[str, Any]:
+    """A two-layer Gemma (1): a type no step template reads, so that an estimate of it traces the step itself."""
+    config = {"model_type": "gemma", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 640,
+              "max_position_embeddings": 4096}
+    config.update(changes)
+    return config

@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 from tests.conftest import PYTHON, run_subprocess
+from tests.models import shallow_gemma
 
 from tunecast.catalog.store import load_catalog
 from tunecast.estimate import profiles
@@ -111,7 +112,9 @@ def test_a_cold_estimate_says_what_it_traces_and_rebuilds_a_damaged_entry(cli, t
     assert templated.code == 0, templated.stderr
     assert "building the step template of this model's structure (full, micro-batch 2 and more): trace 1 of 2" \
         in templated.stderr
-    args += ["--set", "loss=chunked"]  # a loss whose number of chunks depends on the length: no template
+    gemma = tmp_path / "gemma.json"  # a type no template reads: traced
+    gemma.write_text(json.dumps(shallow_gemma()))
+    args[2] = str(gemma)
     cold = cli(*args)
     assert cold.code == 0, cold.stderr
     assert "tracing the training step: 2 layers at micro-batch" in cold.stderr and "(trace 1 of 5)" in cold.stderr

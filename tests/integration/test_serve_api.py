@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from tests.conftest import REPO
-from tests.models import shallow_llama
+from tests.models import shallow_gemma, shallow_llama
 
 from tunecast.serve.app import create_app
 
@@ -226,11 +226,12 @@ def test_the_plan_stream_says_its_progress_then_the_plan(client: TestClient, run
 
 def test_a_cold_estimate_streams_each_trace_then_the_clis_answer(client: TestClient, cli: Any, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A model no template serves (the chunked loss), in an empty cache: traced, each trace said on the way."""
+    """A model no template serves (a type no template reads), in an empty cache: traced, each trace said on the
+    way."""
     monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "cold-cache"))
     model = tmp_path / "cold.json"
-    model.write_text(json.dumps(shallow_llama(vocab_size=640)))
-    config = f"model: {model}\nmethod: lora\nloss: chunked\nmicro_batch: 2\nseq_len: 128\n"
+    model.write_text(json.dumps(shallow_gemma()))
+    config = f"model: {model}\nmethod: lora\nmicro_batch: 2\nseq_len: 128\n"
     with client.stream("POST", "/api/memory/stream", json={"config": config}) as response:
         events = _events(response)
     *progress, result = events

@@ -267,3 +267,35 @@ class ModelIndex:
         if not names:
             return None
         return "Did you mean " + " or ".join(repr(n) for n in names) + "?"
+
+
+# A repository of bitsandbytes-quantized weights by its name, as unsloth names its uploads: `llama-3-8b-bnb-4bit`,
+# `Qwen2.5-7B-Instruct-unsloth-bnb-4bit` (its dynamic quantization, which leaves some layers in 16 bits).
+_BNB_NAME = re.compile(r"(?:[-_]unsloth)?[-_]bnb[-_]([48])bit$", re.IGNORECASE)
+
+
+def bnb_bits(model: ModelConfig) -> int | None:
+    """4 or 8 when `model`'s weights are stored quantized by bitsandbytes: its config.json's `quantization_config`
+    (quant_method `bitsandbytes`, load_in_4bit or load_in_8bit, as transformers' BitsAndBytesConfig writes it; older
+    files hold `_load_in_4bit`); None otherwise. LoRA on such weights is QLoRA."""
+    quantization = model.data.get("quantization_config")
+    if not isinstance(quantization, dict) or str(quantization.get("quant_method", "")).lower() != "bitsandbytes":
+        return None
+    if quantization.get("load_in_4bit") or quantization.get("_load_in_4bit"):
+        return 4
+    if quantization.get("load_in_8bit") or quantization.get("_load_in_8bit"):
+        return 8
+    return None
+
+
+def bnb_name(name: str) -> tuple[str, int] | None:
+    """(the name without its bitsandbytes part, the bits) for a name that says its weights are bitsandbytes' 4 or 8
+    bits (`unsloth/llama-3-8b-bnb-4bit` → (`unsloth/llama-3-8b`, 4)); None for another name."""
+    found = _BNB_NAME.search(name.rstrip("/"))
+    return (name.rstrip("/")[:found.start()], int(found.group(1))) if found else None
+
+
+def bnb_quantization_config(bits: int) -> dict[str, object]:
+    """The `quantization_config` transformers writes for a bitsandbytes checkpoint of `bits` bits (the part read
+    here): what a repository named for its bitsandbytes weights holds beside its base model's config."""
+    return {"quant_method": "bitsandbytes", "load_in_4bit": bits == 4, "load_in_8bit": bits == 8}

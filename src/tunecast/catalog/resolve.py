@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tunecast.atomic import write_text_atomic
 from tunecast.catalog.hub import HubAccess, endpoint, fetch_config, is_hub_id, offline_reason
-from tunecast.catalog.models import ModelConfig, file_name_for, read_config_file
+from tunecast.catalog.models import ModelConfig, bnb_name, bnb_quantization_config, file_name_for, read_config_file
 from tunecast.catalog.store import Catalog
 from tunecast.errors import TunecastError, did_you_mean, suggestion_text
 from tunecast.paths import cache_dir
@@ -64,8 +64,6 @@ def _bnb_copy(name: str, catalog: Catalog) -> ModelConfig | None:
     config with the `quantization_config` such a repository holds (its name is all that says so offline; online its
     config.json is that too). Looked up by the whole name without its bitsandbytes part, then by its last part."""
     from dataclasses import replace
-
-    from tunecast.config.prequantized import bnb_name, bnb_quantization_config
 
     parsed = bnb_name(name)
     if parsed is None:

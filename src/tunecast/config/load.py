@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.hub import HubAccess
-from tunecast.catalog.models import ModelConfig
+from tunecast.catalog.models import ModelConfig, bnb_bits
 from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
-from tunecast.config.prequantized import Prequantized, bnb_bits, by_name, prequantized, unquantized_name
+from tunecast.config.prequantized import Prequantized, by_name, prequantized, unquantized_name
 from tunecast.config.runner import apply_runner
 from tunecast.config.spec import TEXT_KEYS, RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError

@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
+from tunecast.estimate import symbols
 from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile, basis
 from tunecast.estimate.tracer import ALLOC, FREE, RECLASS, SEGMENT_MARK, Event, SegmentTrace
 from tunecast.step.settings import TraceSettings
@@ -119,7 +120,8 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
     """`profile` (of `stub_settings(settings)`) with the real loss of `settings` in place of its stand-in, at
     (batch, seq) only."""
     config = text_config_data(config_data)
-    hidden, vocab = int(config["hidden_size"]), int(config["vocab_size"])
+    named = symbols.standard(config)  # GPT-2 names its hidden size n_embd
+    hidden, vocab = int(named["hidden_size"]), int(named["vocab_size"])
     variant = segment_variant(settings)
     stub = STUBS[variant]
     if STUB_INPUTS[stub] == "hidden":

@@ -253,7 +253,7 @@ def _rotary_unit(config: Mapping[str, Any]) -> int:
     return 0
 
 
-def _standard(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def standard(config: Mapping[str, Any]) -> Mapping[str, Any]:
     """The config with its dimensions under the names most types use (see _RENAMED)."""
     names = _RENAMED.get(str(config.get("model_type")))
     if names is None:
@@ -273,7 +273,7 @@ def dense_dimensions(config: Mapping[str, Any]) -> dict[str, int] | None:
     model_type = config.get("model_type")
     if model_type not in DENSE_TYPES and model_type not in MOE_TYPES:
         return None
-    config = _standard(config)
+    config = standard(config)
     head_unit, width_unit = units(config)
     if head_unit == 0:  # a rotated part no marker head splits in halves
         return None

@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from tunecast.catalog.hub import offline_reason
-from tunecast.catalog.models import ModelConfig
-from tunecast.config.prequantized import bnb_bits
+from tunecast.catalog.models import ModelConfig, bnb_bits
 from tunecast.config.spec import RunSpec
 from tunecast.data.tokens import TokenizerCounter, load_tokenizer
 from tunecast.errors import TunecastError

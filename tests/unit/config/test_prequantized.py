@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from tunecast.catalog.hub import HubAccess
+from tunecast.catalog.models import bnb_name
 from tunecast.config.load import load_spec, parse_set
-from tunecast.config.prequantized import bnb_name, prequantized_name, unquantized_name
+from tunecast.config.prequantized import prequantized_name, unquantized_name
 from tunecast.errors import ConfigError
 
 REPO = Path(__file__).parents[3]

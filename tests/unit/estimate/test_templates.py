@@ -127,7 +127,9 @@ def test_every_family_of_the_catalog_is_served_by_a_template_or_traced() -> None
                       "gemma2": True, "mixtral": True, "qwen3_moe": True, "gpt_oss": True,
                       "phi3": True, "gemma3_text": True, "deepseek_v2": False}
     llama = config("meta-llama/Llama-3.1-8B")
-    assert not templates.applies(llama, TraceSettings(**{**LORA.__dict__, "loss": "chunked"}))
+    chunked = TraceSettings(**{**LORA.__dict__, "loss": "chunked"})  # composed onto the rest of the step's template
+    assert templates.applies(llama, chunked) and templates.template_key(llama, chunked, True) != \
+        templates.template_key(llama, LORA, True)
     mistral = config("mistralai/Mistral-7B-v0.1")  # each side of the sliding window has its templates
     assert templates.above_window(mistral, 8192) and templates.above_window(mistral, 4096)
     assert not templates.above_window(mistral, 4095)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from tests.hub import standing_hub
-from tests.models import shallow_llama
+from tests.models import shallow_gemma, shallow_llama
 
 from tunecast.catalog.store import load_catalog
 from tunecast.config.load import load_spec_text, overrides_from
@@ -214,13 +214,13 @@ def test_closing_a_stream_cancels_a_cold_estimate_at_its_next_trace(
     monkeypatch.setattr(tracer, "tracing_available", lambda: None)
     monkeypatch.setattr(tracer, "trace_step", trace_step)
     model = tmp_path / "tiny.json"
-    model.write_text(json.dumps(shallow_llama(vocab_size=520)))
-    body = {"config": f"model: {model}\nloss: chunked\nmicro_batch: 2\nseq_len: 64\n"}
+    model.write_text(json.dumps(shallow_gemma(vocab_size=520)))
+    body = {"config": f"model: {model}\nmicro_batch: 2\nseq_len: 64\n"}
     with client.stream("POST", "/api/memory/stream", json=body) as stream:
         assert stream.headers["content-type"].startswith("application/x-ndjson")
         lines = stream.iter_lines()
         announced, first = json.loads(next(lines)), json.loads(next(lines))
-    assert announced["kind"] == "notice" and "the chunked loss" in announced["message"]  # what it traces, and why
+    assert announced["kind"] == "notice" and "a gemma config" in announced["message"]  # what it traces, and why
     assert first["event"] == "progress" and "trace 1 of" in first["message"]
     release.set()  # the trace under way ends; the next progress point stops the estimate
     service = client.app.state.service  # type: ignore[attr-defined]
