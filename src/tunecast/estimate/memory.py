@@ -545,12 +545,21 @@ def _check_expert_precision(spec: RunSpec, settings: TraceSettings, config_data:
     grouped matmul, whose fake-tensor kernel (the one a trace runs) takes bf16 operands, so with float32 weights
     (fp32, or the fp32 master weights of mixed precision, which autocast leaves to the experts) the step does not
     run at all."""
-    if has_experts(config_data) and settings.precision != "bf16":
-        from tunecast.errors import TunecastError
+    if not has_experts(config_data):
+        return
+    from tunecast.errors import TunecastError
 
+    if settings.precision != "bf16":
         raise TunecastError(f"precision {spec.precision}: a mixture-of-experts model's memory is estimated in bf16 "
                             "only (torch's grouped expert matmul takes bf16 on the fake tensors the estimate traces)",
                             field="precision", hint="set precision: bf16 (or --precision bf16) for this model")
+    if "kbit-fp32" in settings.runner_step:  # the expert weights are no Params4bit: peft casts them to fp32
+        raise TunecastError(f"runner {spec.runner}: its QLoRA casts every weight bitsandbytes leaves unquantized to "
+                            "fp32 (peft's prepare_model_for_kbit_training), and a mixture of experts' fused expert "
+                            "weights are such weights: its memory is estimated in bf16 only (torch's grouped expert "
+                            "matmul takes bf16 on the fake tensors the estimate traces)", field="runner",
+                            hint="estimate with a runner whose QLoRA keeps them in bf16 (tunecast, axolotl, "
+                                 "llamafactory, unsloth), or method: lora")
 
 
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,

@@ -121,6 +121,11 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
                     "final_logit_softcapping": None, "use_bidirectional_attention": False},
 }
+# Entries that nearly every published config states, though they hold the config class's default: one that leaves
+# them out (a local config written by hand) is read with them, so that it is the structure of the catalog models
+# that state them (the other way round, dropping them, would change every shipped template's key).
+_STATED: dict[str, dict[str, Any]] = {model_type: {"hidden_act": "silu"} for model_type in
+                                      ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")}
 # Entries some published configs carry that transformers 5.x no longer reads (checked in test_templates.py).
 _UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"use_mrope"}),
            "gpt_oss": frozenset({"experts_per_token", "initial_context_length"}),
@@ -317,6 +322,7 @@ def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     elif model_type in WINDOW_UNLESS_USED:
         inert.add("sliding_window")
     defaults = {**_DEFAULTS.get(model_type, {}), "rope_scaling": None}
+    config = {**_STATED.get(model_type, {}), **config}
     kept = {k: v for k, v in config.items()
             if k not in inert and k not in _DIMENSION_KEYS and not (k in defaults and v == defaults[k])}
     for key in ("rope_scaling", "rope_parameters"):

@@ -43,3 +43,17 @@ def test_a_qlora_plan_of_a_mixture_of_experts_warns_that_the_experts_stay_bf16(c
     assert len(warnings) == 1
     assert warnings[0]["message"].startswith("QLoRA leaves the experts in bf16, not NF4")
     assert warnings[0]["severity"] == "warning"
+
+
+def test_a_runner_whose_qlora_casts_the_experts_to_fp32_is_refused_naming_it(catalog) -> None:  # type: ignore[no-untyped-def]
+    """peft's prepare_model_for_kbit_training (the Trainer's QLoRA) casts the fused expert weights, no Params4bit, to
+    fp32, which the grouped expert matmul on fake tensors does not take: a user error on `runner`, not a crash."""
+    from tunecast.config.runner import apply_runner
+    from tunecast.errors import TunecastError
+
+    config = catalog.models.find(MIXTRAL).data
+    spec = apply_runner(RunSpec.model_validate({"model": MIXTRAL, "method": "qlora", "runner": "hf-trainer",
+                                                "precision": "bf16", "micro_batch": 1, "seq_len": 512}))
+    with pytest.raises(TunecastError) as refused:
+        estimate_memory(spec, config, device="cuda", gpu=None, overheads=catalog.overheads)
+    assert refused.value.problems[0].field == "runner" and "prepare_model_for_kbit_training" in str(refused.value)

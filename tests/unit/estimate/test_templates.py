@@ -96,10 +96,13 @@ def test_a_template_built_from_one_model_serves_another_of_its_structure(built_f
 def test_the_defaults_a_structure_leaves_out_are_the_config_classes() -> None:
     from transformers import AutoConfig
 
-    for model_type, defaults in symbols._DEFAULTS.items():
+    for model_type, defaults in {**symbols._DEFAULTS, **symbols._STATED}.items():
         made = AutoConfig.for_model(model_type)
         for key, value in defaults.items():
             assert getattr(made, key, value) == value, (model_type, key)
+    # a config that leaves out what published ones state is their structure
+    llama = config("meta-llama/Meta-Llama-3-8B")
+    assert symbols.structure({k: v for k, v in llama.items() if k != "hidden_act"}) == symbols.structure(llama)
     for model_type in WINDOW_UNLESS_USED:
         assert AutoConfig.for_model(model_type, sliding_window=77, use_sliding_window=False).sliding_window is None
     for model_type, keys in symbols._UNREAD.items():  # no file of the model type's package mentions them
