@@ -16,6 +16,7 @@ from typing import Any
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead
 from tunecast.config.spec import TORCH_ADAMW, RunSpec
+from tunecast.errors import TunecastError
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import NeedsTrace
 
@@ -197,10 +198,12 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
 
 def _estimated(change: str, settings: dict[str, Any], spec: RunSpec, total: Total, capacity: float,
                trace: bool) -> Suggestion:
-    """`change` (`settings` applied to `spec`) with its peak, or without one where that needs a trace not allowed."""
+    """`change` (`settings` applied to `spec`) with its peak, or without one where that needs a trace not allowed, or
+    where the changed run is one tunecast does not estimate (the Trainer's QLoRA of a mixture of experts: the error
+    belongs to that run, not to the one asked about)."""
     try:
         peak: float | None = total(spec.with_changes(settings), exact=True, trace=trace)
-    except NeedsTrace:
+    except (NeedsTrace, TunecastError):
         peak = None
     return Suggestion(change, settings, peak, None if peak is None else peak <= capacity)
 
@@ -274,7 +277,7 @@ def _combined(spec: RunSpec, total: Total, capacity: float, trace: bool) -> list
             continue
         try:
             tried = total(spec.with_changes({**applied, **settings}), exact=True, trace=trace)
-        except NeedsTrace:
+        except (NeedsTrace, TunecastError):  # a change whose run tunecast does not estimate is left out too
             continue
         applied.update(settings)
         names.append(name)

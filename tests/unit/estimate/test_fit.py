@@ -150,6 +150,26 @@ def test_a_change_that_needs_a_trace_is_listed_without_a_figure_unless_tracing_i
     assert all(s.as_dict()["estimated"] for s in traced.suggestions)
 
 
+def qlora_not_estimated(run: RunSpec, micro_batch: int | None = None, seq_len: int | None = None,
+                        exact: bool = False, trace: bool = True, **_: Any) -> float:
+    """A run whose QLoRA tunecast does not estimate (the Trainer's QLoRA of a mixture of experts)."""
+    from tunecast.errors import TunecastError
+
+    if run.method == "qlora":
+        raise TunecastError("its QLoRA is not estimated", field="runner")
+    return synthetic_total(run, micro_batch, seq_len, exact, trace)
+
+
+def test_a_change_whose_run_is_not_estimated_is_listed_without_a_figure_and_left_out_of_the_combination() -> None:
+    """The error belongs to the changed run, not to the one asked about: the LoRA run is still answered."""
+    spec = RunSpec(model="x", micro_batch=16, seq_len=4000)
+    fit = fit_report(spec, estimate_of(spec), gpu(5.0), qlora_not_estimated, context_len=None)
+    changes = {s.change: s for s in fit.suggestions}
+    assert changes["use QLoRA (4-bit NF4 base weights)"].device_total_gib is None
+    [combined] = [s for s in fit.suggestions if s.change.startswith("combine")]
+    assert "QLoRA" not in combined.change and "method" not in combined.settings
+
+
 def test_on_several_gpus_only_what_trains_there_is_suggested() -> None:
     """The chunked loss and the optimizer in the backward pass run on one process; QLoRA under DDP only."""
     sharded = RunSpec(model="x", micro_batch=16, seq_len=4000, gpus={"count": 2, "strategy": "fsdp"})
