@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecast.catalog.devices import is_cpu
+from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
-from tunecast.estimate import replays
+from tunecast.estimate import prewarm, replays
 from tunecast.estimate.fit import FitReport, estimator_total, fit_report
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 
@@ -70,12 +72,43 @@ def _answer(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggesti
                                grad_checkpointing=checkpointing)
 
     checkpointing = spec.grad_checkpointing is True
+    warming = None if gpu is None or on_cpu else _prewarm(loaded, catalog, checkpointing, device)
+    try:
+        return _fitted(loaded, catalog, run, checkpointing, device, estimated_on, trace_suggestions, warming)
+    finally:
+        prewarm.abandon(warming)
+
+
+def _prewarm(loaded: LoadedSpec, catalog: Catalog, checkpointing: bool, device: str) -> prewarm.Prewarm | None:
+    """For a composed step on a GPU, the second process that replays the stand-in's limits (prewarm.py)."""
+    from tunecast.estimate.compose import composable
+    from tunecast.step.settings import TraceSettings
+
+    spec, gpu = loaded.spec, loaded.gpu
+    assert gpu is not None
+    if not composable(TraceSettings.from_spec(spec, grad_checkpointing=checkpointing, device=device)):
+        return None
+    total = estimator_total(loaded.model.data, gpu, catalog.overheads)
+    run_spec = spec.model_copy(update={"grad_checkpointing": checkpointing})
+
+    def proxy(**shape: int) -> float:
+        return total(run_spec, trace=False, stand_in=True, **shape)
+
+    return prewarm.start(proxy, gpu.usable_memory_gib, spec.micro_batch_size, spec.seq_len,
+                         loaded.model.max_position_embeddings or 1 << 20)
+
+
+def _fitted(loaded: LoadedSpec, catalog: Catalog, run: Callable[[bool], MemoryEstimate], checkpointing: bool,
+            device: str, estimated_on: Gpu | None, trace_suggestions: bool, warming: prewarm.Prewarm | None
+            ) -> MemoryAnswer:
+    spec, gpu, config = loaded.spec, loaded.gpu, loaded.model.data
     estimate = run(checkpointing)
     if spec.grad_checkpointing == "auto" and gpu is not None and estimate.device_total_gib > gpu.usable_memory_gib:
         checkpointing = True
         estimate = run(True)
     fit = None
     if gpu is not None:
+        prewarm.collect(warming)
         context = loaded.model.max_position_embeddings
         run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
             update={"grad_checkpointing": checkpointing})

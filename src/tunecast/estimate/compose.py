@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from tunecast.estimate import symbols
-from tunecast.estimate.profile import BASIS_NAMES, ProfileEvent, StepProfile, basis
+from tunecast.estimate.profile import BASIS_NAMES, EventColumns, LazyEvents, ProfileEvent, StepProfile, basis
 from tunecast.estimate.tracer import ALLOC, FREE, RECLASS, SEGMENT_MARK, Event, SegmentTrace
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import text_config_data
@@ -105,13 +105,13 @@ def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[in
                          backward_category=backward_category, softcap=softcap, compiled=compiled, once=once)
 
 
-def _marks(events: list[ProfileEvent]) -> dict[int, dict[str, str]]:
+def _marks(step: _Steps) -> dict[int, dict[str, str]]:
     """Each step's marks by pass, as their JSON."""
     marks: dict[int, dict[str, str]] = {}
-    for event in events:
-        if event.kind == RECLASS and event.key == -1 and event.category.startswith(SEGMENT_MARK):
-            text = event.category.removeprefix(SEGMENT_MARK)
-            marks.setdefault(event.step, {})[json.loads(text)["part"]] = text
+    for index, category in enumerate(step.categories):
+        if step.kinds[index] == RECLASS and step.keys[index] == -1 and category.startswith(SEGMENT_MARK):
+            text = category.removeprefix(SEGMENT_MARK)
+            marks.setdefault(step.steps[index], {})[json.loads(text)["part"]] = text
     return marks
 
 
@@ -135,39 +135,41 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
     def at(coefficients: tuple[float, ...]) -> float:
         return sum(c * t for c, t in zip(coefficients, terms, strict=True))
 
-    events = list(profile.events)
-    marks = _marks(events)
+    step = _Steps(profile, at)
+    marks = _marks(step)
     composed: list[tuple[str, tuple[Any, ...], int, str, str, int]] = []
     replaced: set[int] = set()  # the stand-in's allocations, by index
     made_free: set[int] = set()  # the step's tensors the loss frees: their later free in the template is the loss's
     deferred: dict[int, list[tuple[str, tuple[Any, ...], int, str, str, int]]] = {}
     segment: SegmentTrace | None = None
     allocated: dict[int, set[tuple[Any, ...]]] = {}  # the loss's own tensors, by step: freed in its backward pass
-    for index, event in enumerate(events):
+    for index in range(len(step.kinds)):
         if index in replaced:
             continue
-        if event.kind == FREE and event.key in made_free:
-            made_free.discard(event.key)
+        kind, key, number = step.kinds[index], step.keys[index], step.steps[index]
+        if kind == FREE and key in made_free:
+            made_free.discard(key)
             continue
-        if event.phase != "forward" and deferred.get(event.step):
-            composed.extend(deferred.pop(event.step))
-        info = _mark(event)
+        phase = step.phases[index]
+        if phase != "forward" and deferred.get(number):
+            composed.extend(deferred.pop(number))
+        info = step.mark(index)
         if info is None:
-            composed.append(_step_event(event, at))
+            composed.append(step.event(index))
             continue
         if info["part"] not in ("forward", "backward"):
             continue  # an accumulation that stays where the step has it (a tied head's waits for the embedding's)
-        step_marks = marks[event.step]
+        step_marks = marks[number]
         segment = _segment(variant, inputs_shape, targets_shape, hidden, vocab, step_marks["forward"],
                            step_marks["backward"], softcap, "compiled-loss" in settings.runner_step)
         forward = info["part"] == "forward"
-        results = [segment.result] if forward else [key for key in segment.grads if key is not None]
-        stand_ins = [i for i in range(index + 1, len(events)) if events[i].kind == ALLOC][:len(results)]
+        results = [segment.result] if forward else [grad for grad in segment.grads if grad is not None]
+        stand_ins = step.allocations_after(index, len(results))
         replaced.update(stand_ins)
-        into_step = dict(zip(results, (events[i].key for i in stand_ins), strict=True))
+        into_step = dict(zip(results, (step.keys[i] for i in stand_ins), strict=True))
         first = json.loads(step_marks["forward"])
         held = {"inputs": first["inputs"], "targets": first["targets"], "grad": info["grad"]}
-        blocks = {} if forward else _accumulations(events, stand_ins[-1] if stand_ins else index, replaced)
+        blocks = {} if forward else _accumulations(step, stand_ins[-1] if stand_ins else index, replaced)
         # A gradient that is a view (F.linear's transposed weight gradient, from one chunk) and waits for another of
         # the same weight (a tied head's, for the embedding's) is summed with it out of place by autograd, where the
         # stand-in's is summed in place: such a step is traced instead. One accumulated as the loss returns it (an
@@ -175,62 +177,84 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
         if not forward and any(view and name != "inputs" and name not in blocks
                                for name, view in segment.views.items()):
             raise NotComposable("the loss returns a gradient that is a view, summed later with another of its weight")
-        own = allocated.setdefault(event.step, set())
+        own = allocated.setdefault(number, set())
         if forward:  # the step's tensors the loss keeps for its backward pass die there, not where the step drops them
-            made_free.update(key[1] for item in segment.backward if item.kind == FREE and segment.externals.get(
-                item.key) in ("inputs", "targets") and (key := _mapped(item, segment, into_step, held, event.step)))
+            made_free.update(kept[1] for item in segment.backward if item.kind == FREE and segment.externals.get(
+                item.key) in ("inputs", "targets") and (kept := _mapped(item, segment, into_step, held, number)))
         for position, item in enumerate(segment.forward if forward else segment.backward):
             for name in [name for name in blocks if segment.accumulated.get(name) == position]:
-                composed.extend(_step_event(events[i], at) for i in blocks.pop(name))
-            key = _mapped(item, segment, into_step, held, event.step)
-            if key is None or (item.kind != ALLOC and key[0] == "loss" and key not in own):
+                composed.extend(step.event(i) for i in blocks.pop(name))
+            mapped = _mapped(item, segment, into_step, held, number)
+            if mapped is None or (item.kind != ALLOC and mapped[0] == "loss" and mapped not in own):
                 continue  # a tensor of the harness, not of the loss
-            if key[0] == "step" and item.kind == FREE and (forward or segment.externals.get(item.key) == "grad"):
-                made_free.add(key[1])
-            own.add(key)
-            composed.append((item.kind, key, item.nbytes, item.category, event.phase, event.step))
+            if mapped[0] == "step" and item.kind == FREE and (forward or segment.externals.get(item.key) == "grad"):
+                made_free.add(mapped[1])
+            own.add(mapped)
+            composed.append((item.kind, mapped, item.nbytes, item.category, phase, number))
         for indices in blocks.values():  # complete as the loss ends
-            composed.extend(_step_event(events[i], at) for i in indices)
+            composed.extend(step.event(i) for i in indices)
         if forward:
-            deferred[event.step] = [(FREE, key, 0, "", event.phase, event.step) for item in segment.deferred
-                                    if (key := _mapped(item, segment, into_step, held, event.step)) in own]
-    for step in sorted(deferred):
-        composed.extend(deferred[step])
+            deferred[number] = [(FREE, mapped, 0, "", phase, number) for item in segment.deferred
+                                if (mapped := _mapped(item, segment, into_step, held, number)) in own]
+    for number in sorted(deferred):
+        composed.extend(deferred[number])
     figures = _Figures(lambda: _figures(profile, segment, at, variant, inputs_shape, targets_shape, hidden, vocab,
                                         marks, softcap, "compiled-loss" in settings.runner_step))
     return StepProfile(profile.layers, _renumbered(composed), profile.facts, figures)
+
+
+class _Steps:
+    """The template's events by column (profile.EventColumns), each allocation's size at the shape evaluated once
+    per distinct polynomial."""
+
+    def __init__(self, profile: StepProfile, at: Callable[[tuple[float, ...]], float]) -> None:
+        columns = profile.columns()
+        self.kinds, self.keys, self.sizes = columns.kinds, columns.keys, columns.sizes
+        self.categories, self.phases, self.steps = columns.categories, columns.phases, columns.steps
+        self.nbytes = [round(at(poly)) if len(poly) else 0 for poly in columns.polys]
+
+    def event(self, index: int) -> tuple[str, tuple[Any, ...], int, str, str, int]:
+        kind = self.kinds[index]
+        return (kind, ("step", self.keys[index]), self.nbytes[self.sizes[index]] if kind == ALLOC else 0,
+                self.categories[index], self.phases[index], self.steps[index])
+
+    def mark(self, index: int) -> dict[str, Any] | None:
+        """The stand-in's mark at `index` (its part, and what it holds), or None for an event of the step."""
+        category = self.categories[index]
+        if self.kinds[index] == RECLASS and self.keys[index] == -1 and category.startswith(SEGMENT_MARK):
+            return json.loads(category.removeprefix(SEGMENT_MARK))  # type: ignore[no-any-return]
+        return None
+
+    def allocations_after(self, index: int, count: int) -> list[int]:
+        """The indices of the next `count` allocations after `index` (the stand-in's results)."""
+        found: list[int] = []
+        for i in range(index + 1, len(self.kinds)):
+            if len(found) == count:
+                break
+            if self.kinds[i] == ALLOC:
+                found.append(i)
+        return found
 
 
 class NotComposable(Exception):
     """The loss's trace does not fit its stand-in's place in the template: the step is traced instead."""
 
 
-def _mark(event: ProfileEvent) -> dict[str, Any] | None:
-    if event.kind == RECLASS and event.key == -1 and event.category.startswith(SEGMENT_MARK):
-        return json.loads(event.category.removeprefix(SEGMENT_MARK))  # type: ignore[no-any-return]
-    return None
-
-
-def _step_event(event: ProfileEvent, at: Any) -> tuple[str, tuple[Any, ...], int, str, str, int]:
-    nbytes = round(at(event.size)) if event.kind == ALLOC else 0
-    return (event.kind, ("step", event.key), nbytes, event.category, event.phase, event.step)
-
-
-def _accumulations(events: list[ProfileEvent], last: int, replaced: set[int]) -> dict[str, list[int]]:
+def _accumulations(step: _Steps, last: int, replaced: set[int]) -> dict[str, list[int]]:
     """The accumulations of the head's gradients the step runs as soon as the stand-in returns them (only frees
     between): each moves to where the loss completes that gradient. Their indices, by parameter."""
     blocks: dict[str, list[int]] = {}
     index = last + 1
-    while index < len(events):
-        info = _mark(events[index])
-        if info is None and events[index].kind == FREE:
+    while index < len(step.kinds):
+        info = step.mark(index)
+        if info is None and step.kinds[index] == FREE:
             index += 1
             continue
         if info is None or not info["part"].startswith("accumulate-start:"):
             break
         name = info["part"].split(":", 1)[1]
-        end = next(i for i in range(index + 1, len(events))
-                   if (mark := _mark(events[i])) is not None and mark["part"] == f"accumulate-end:{name}")
+        end = next(i for i in range(index + 1, len(step.kinds))
+                   if (mark := step.mark(i)) is not None and mark["part"] == f"accumulate-end:{name}")
         blocks[name] = list(range(index + 1, end))
         replaced.update(range(index, end + 1))
         index = end + 1
@@ -250,18 +274,38 @@ def _mapped(item: Event, segment: SegmentTrace, into_step: dict[int, int], held:
     return ("loss", step, item.key)
 
 
-def _renumbered(composed: list[tuple[str, tuple[Any, ...], int, str, str, int]]) -> list[ProfileEvent]:
-    """Keys numbered in allocation order, as a direct trace numbers them."""
+def _renumbered(composed: list[tuple[str, tuple[Any, ...], int, str, str, int]]) -> LazyEvents:
+    """Keys numbered in allocation order, as a direct trace numbers them; by column, as a replay reads them."""
     numbers: dict[tuple[Any, ...], int] = {}
     zeros = (0.0,) * (len(BASIS_NAMES) - 1)
-    out: list[ProfileEvent] = []
+    polys: dict[tuple[float, ...], int] = {}
+    kinds: list[str] = []
+    keys: list[int] = []
+    sizes: list[int] = []
+    categories: list[str] = []
+    phases: list[str] = []
+    steps: list[int] = []
     for kind, key, nbytes, category, phase, step in composed:
         if kind == ALLOC:
             numbers[key] = len(numbers)
-            out.append(ProfileEvent(ALLOC, numbers[key], (float(nbytes), *zeros), category, phase, step))
+            size: tuple[float, ...] = (float(nbytes), *zeros)
         elif key in numbers:
-            out.append(ProfileEvent(kind, numbers[key], (), category, phase, step))
-    return out
+            size = ()
+        else:
+            continue
+        kinds.append(kind)
+        keys.append(numbers[key])
+        sizes.append(polys.setdefault(size, len(polys)))
+        categories.append(category)
+        phases.append(phase)
+        steps.append(step)
+    columns = EventColumns(kinds, keys, sizes, categories, phases, steps, list(polys))
+
+    def build() -> list[ProfileEvent]:
+        return [ProfileEvent(*event) for event in zip(kinds, keys, (columns.polys[size] for size in sizes),
+                                                      categories, phases, steps, strict=True)]
+
+    return LazyEvents(build, lambda: columns)
 
 
 class _Figures(dict):  # type: ignore[type-arg]

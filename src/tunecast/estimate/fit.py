@@ -92,15 +92,19 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     Solved, not searched: the gap exact − proxy (the loss's own memory) is measured where exact is known (`known`, the
     asked shape, first) and taken linear in n (`_gap_line`), and proxy plus that gap is solved over the polynomials;
     the solution is checked with the composed step on both sides (n fits, n + 1 does not), and a check that fails adds
-    its measurement for the next solve. After SOLVE_ROUNDS, what is left open (a few values, the allocator's rounding
-    being all the line misses) is closed from the last measurement outward in doubling steps, then bisected."""
+    its measurement for the next solve. After SOLVE_ROUNDS, what is left open (the allocator's rounding, or a peak that
+    moved to another phase, which the line misses) is closed on the composed step's own measurements
+    (`_closing`), checked on both sides; bisected where that did not halve the interval, and searched upward in
+    doubling steps while no measurement fails."""
     fitting, failing = low - 1, high + 1  # the largest n known to fit, the smallest known not to
     gaps: list[tuple[int, float]] = []
+    values: dict[int, float] = {}
 
     def fits(n: int, value: float | None = None) -> bool:
         nonlocal fitting, failing
         value = exact(n) if value is None else value
         gaps.append((n, value - proxy(n)))
+        values[n] = value
         if value <= capacity:
             fitting = max(fitting, n)
             return True
@@ -113,25 +117,61 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     def closed() -> bool:
         return failing - fitting <= 1 + margin(fitting)
 
+    def checked(guess: int) -> None:
+        """The guess, then the other side of the tolerance: below a guess that does not fit, above one that does."""
+        other = guess - 1 - margin(guess) if guess > fitting and not fits(guess) else guess + 1 + margin(guess)
+        if fitting < other < failing:
+            fits(other)
+
     if low <= known[0] <= high:
         fits(*known)
     for _ in range(SOLVE_ROUNDS):
         if closed():
             return fitting
-        guess = _largest(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n) <= capacity,  # type: ignore[misc]
-                         fitting + 1, failing - 1)
-        # then the other side of the tolerance: below a guess that does not fit, above one that does
-        other = guess - 1 - margin(guess) if guess > fitting and not fits(guess) else guess + 1 + margin(guess)
-        if fitting < other < failing:
-            fits(other)
+        checked(_largest(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n) <= capacity,  # type: ignore[misc]
+                         fitting + 1, failing - 1))
     step = 1 + margin(fitting)
-    while not closed():  # outward from the last measurement, in doubling steps, then bisected
-        if gaps[-1][0] == fitting:
-            fits(fitting + step if step < failing - fitting else (fitting + failing) // 2)
-        else:
-            fits(failing - step if step < failing - fitting else (fitting + failing) // 2)
-        step *= 2
+    halved = True
+    while not closed():
+        width = failing - fitting
+        if failing not in values:  # nothing above fails yet: upward from what fits, in doubling steps
+            fits(fitting + step if step < width else (fitting + failing) // 2)
+            step *= 2
+            continue
+        guess = _closing(values, fitting, failing, capacity) if halved else (fitting + failing) // 2
+        checked(min(max(guess, fitting + 1), failing - 1))
+        halved = failing - fitting <= width // 2
     return fitting
+
+
+def _closing(values: dict[int, float], fitting: int, failing: int, capacity: float) -> int:
+    """The next guess at the limit from the measurements around it: the larger of `_below_failing`'s point (the limit
+    at most, where memory is convex there; the limit itself where it is linear) and `_between`'s (the limit at least,
+    where convex; the larger where the allocator's reserve bends the lines instead); bisected without either."""
+    guesses = [found for found in (_below_failing(values, capacity), _between(values, fitting, failing, capacity))
+               if found is not None]
+    return max(guesses, default=(fitting + failing) // 2)
+
+
+def _below_failing(values: dict[int, float], capacity: float) -> int | None:
+    """Where the line through the two smallest measurements that do not fit reaches the capacity; None without two
+    such on a rising line. Memory is convex in n (each phase's is linear, or quadratic in the length, and
+    the peak is their largest), so the line stays under it below them: the limit is at or below that point, and at it
+    where both measurements are in the limit's phase. A line through measurements that fit can follow another phase
+    (the optimizer step's, constant in n) and miss by far."""
+    over = sorted(n for n, value in values.items() if value > capacity)[:2]
+    if len(over) < 2 or values[over[1]] <= values[over[0]]:
+        return None
+    first, second = over
+    return first - int((values[first] - capacity) * (second - first) / (values[second] - values[first]))
+
+
+def _between(values: dict[int, float], fitting: int, failing: int, capacity: float) -> int | None:
+    """Where the line between the largest measurement that fits and the smallest that does not reaches the capacity;
+    None without both. Where memory is convex the limit is at or above it."""
+    if fitting not in values or failing not in values or values[failing] <= values[fitting]:
+        return None
+    return fitting + int((capacity - values[fitting]) * (failing - fitting) / (values[failing] - values[fitting]))
 
 
 def _gap_line(gaps: list[tuple[int, float]]) -> Callable[[int], float]:

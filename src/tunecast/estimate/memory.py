@@ -204,7 +204,7 @@ def _batch_ladder() -> Iterator[int]:
     return (1 << k for k in itertools.count())
 
 
-def _seq_ladder() -> Iterator[int]:
+def seq_ladder() -> Iterator[int]:
     yield 1
     for k in itertools.count():
         yield RESERVE_MIN_SEQ << k
@@ -213,7 +213,7 @@ def _seq_ladder() -> Iterator[int]:
 
 def _seq_rungs(seq: int, window: int | None) -> list[int]:
     """The length ladder, with the longest length below a sliding window among its rungs."""
-    return _rungs(seq, _seq_ladder(), None if window is None else window - 1)
+    return _rungs(seq, seq_ladder(), None if window is None else window - 1)
 
 
 # Reserved (plus allocated) simulated at a ladder shape, by profiles, spec, shape and workspace: every estimate of a

@@ -17,10 +17,10 @@ category breakdown at that peak, and (on CUDA) the caching allocator's rounding 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from tunecast.estimate.allocator import CachingAllocator, round_size
 from tunecast.estimate.tracer import ALLOC, CATEGORIES, FREE, RECLASS, Event, ModelFacts, Trace
@@ -96,6 +96,37 @@ def event_columns(events: Sequence[ProfileEvent]) -> EventColumns:
     return EventColumns([e.kind for e in events], [e.key for e in events],
                         [polys.setdefault(e.size, len(polys)) for e in events], [e.category for e in events],
                         [e.phase for e in events], [e.step for e in events], list(polys))
+
+
+class LazyEvents(Sequence[ProfileEvent]):
+    """Events built on first use from their columns, which are what a replay reads: a template's (a warm estimate
+    whose replays are kept, replays.py, reads none of them, and building a 70B model's four profiles' tens of
+    thousands of events is a tenth of it) and a composed step's (compose.py)."""
+
+    def __init__(self, build: Callable[[], list[ProfileEvent]], columns: Callable[[], EventColumns]) -> None:
+        self._build: Callable[[], list[ProfileEvent]] | None = build
+        self._events: list[ProfileEvent] = []
+        self.columns = columns  # what a replay reads (profile.event_columns), without building the events
+
+    def _built(self) -> list[ProfileEvent]:
+        if self._build is not None:
+            self._events, self._build = self._build(), None
+        return self._events
+
+    @overload
+    def __getitem__(self, index: int) -> ProfileEvent: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[ProfileEvent]: ...
+
+    def __getitem__(self, index: int | slice) -> ProfileEvent | Sequence[ProfileEvent]:
+        return self._built()[index]
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+    def __iter__(self) -> Iterator[ProfileEvent]:
+        return iter(self._built())
 
 
 @dataclass

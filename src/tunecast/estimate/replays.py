@@ -106,6 +106,21 @@ def replayed(pair: ProfilePair, which: str, batch: int, seq: int, *, cuda: bool,
     return kept[key]
 
 
+def exported() -> dict[str, dict[str, Replay]]:
+    """The replays of profiles with an origin made or read in this process (for another process's `merge`)."""
+    return {origin: dict(kept) for origin, kept in _BY_ORIGIN.items()}
+
+
+def merge(found: dict[str, dict[str, Replay]]) -> None:
+    """Add replays another process made (prewarm.py): kept, and written with this process's at its flush."""
+    for origin, kept in found.items():
+        mine = _kept(origin)
+        added = {key: value for key, value in kept.items() if key not in mine}
+        if added:
+            mine.update(added)
+            _CHANGED.add(origin)
+
+
 _DEFERRING = [0]  # depth of `deferred` blocks: while above 0, `flush` writes nothing
 
 

@@ -19,15 +19,15 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 from tunecast.atomic import write_text_atomic
 from tunecast.estimate import progress, symbols, tracetime
 from tunecast.estimate.memo import Memo, config_digest
-from tunecast.estimate.profile import BASIS_NAMES, EventColumns, ProfileEvent, StepProfile
+from tunecast.estimate.profile import BASIS_NAMES, EventColumns, LazyEvents, ProfileEvent, StepProfile
 from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, facts_from_parts
 from tunecast.paths import cache_file
 from tunecast.step.settings import TraceSettings
@@ -254,36 +254,6 @@ def _coefficients(poly: symbols.Poly, values: dict[str, int]) -> tuple[float, ..
     return tuple(float(c) for c in slots)
 
 
-class _Events(Sequence[ProfileEvent]):
-    """A template's events, built on first use: a warm estimate whose replays are kept (replays.py) reads
-    none of them, and building a 70B model's four profiles' tens of thousands of events is a tenth of it."""
-
-    def __init__(self, build: Callable[[], list[ProfileEvent]], columns: Callable[[], EventColumns]) -> None:
-        self._build: Callable[[], list[ProfileEvent]] | None = build
-        self._events: list[ProfileEvent] = []
-        self.columns = columns  # what a replay reads (profile.event_columns), without building the events
-
-    def _built(self) -> list[ProfileEvent]:
-        if self._build is not None:
-            self._events, self._build = self._build(), None
-        return self._events
-
-    @overload
-    def __getitem__(self, index: int) -> ProfileEvent: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> Sequence[ProfileEvent]: ...
-
-    def __getitem__(self, index: int | slice) -> ProfileEvent | Sequence[ProfileEvent]:
-        return self._built()[index]
-
-    def __len__(self) -> int:
-        return len(self._built())
-
-    def __iter__(self) -> Iterator[ProfileEvent]:
-        return iter(self._built())
-
-
 def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]) -> StepProfile:
     table = data["events"]
     sizes = []
@@ -307,7 +277,7 @@ def _instantiate_depth(data: dict[str, Any], layers: int, values: dict[str, int]
                             [names[category] for category in table["category"]],
                             [names[phase] for phase in table["phase"]], table["step"], sizes)
 
-    events = _Events(build, by_column)
+    events = LazyEvents(build, by_column)
     flops = {}
     for name, poly in data["sums"].items():
         coefficients = _coefficients(symbols.from_json(poly), values)

@@ -44,6 +44,32 @@ def test_a_composed_step_s_limit_is_solved_from_its_stand_in_and_checked_with_fe
     assert len(traced) <= 8, f"{label}: {len(traced)} traces"
 
 
+@pytest.mark.parametrize("label, proxy, exact", [
+    ("the stand-in's peak in another phase (an optimizer step constant in n)",
+     lambda n: max(70.0, 10 + 0.05 * n), lambda n: max(70.0, 10 + 0.55 * n)),
+    ("the stand-in holding more than the loss as n grows (a gap line falling)",
+     lambda n: 10 + 0.3 * n, lambda n: max(75.0, 10 + 0.2 * n)),
+    ("the allocator's reserve adding up to 0.8 GiB that no line follows",
+     lambda n: 10 + 0.005 * n, lambda n: 10.5 + 0.005 * n + 0.8 * (n * 2654435761 % 97) / 97),
+])
+@pytest.mark.parametrize("asked", [1, 8, 64])
+def test_a_limit_the_stand_in_misleads_about_is_closed_on_the_composed_step_s_own_measurements(
+        label: str, proxy: Any, exact: Any, asked: int) -> None:
+    """Where proxy plus the gap line guesses far off, the measurements that do not fit give the limit (memory is
+    convex in n), not a walk from the last one."""
+    traced: list[int] = []
+
+    def measured(n: int) -> float:
+        traced.append(n)
+        return float(exact(n))
+
+    capacity = 80.0
+    truth = _largest(lambda n: exact(n) <= capacity, 1, 1 << 20)
+    found = _solved(measured, proxy, (asked, exact(asked)), capacity, 1, 1 << 20)
+    assert exact(found) <= capacity and truth - int(truth * SOLVE_TOLERANCE) <= found <= truth, label
+    assert len(traced) <= 8, f"{label}: {traced}"
+
+
 def test_a_solved_limit_is_exact_below_a_hundred_and_zero_when_nothing_fits() -> None:
     def proxy(n: int) -> float:
         return 1.0 * n
