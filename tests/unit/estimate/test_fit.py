@@ -64,9 +64,9 @@ def test_a_limit_the_stand_in_misleads_about_is_closed_on_the_composed_step_s_ow
         return float(exact(n))
 
     capacity = 80.0
-    truth = _largest(lambda n: exact(n) <= capacity, 1, 1 << 20)
     found = _solved(measured, proxy, (asked, exact(asked)), capacity, 1, 1 << 20)
-    assert exact(found) <= capacity and truth - int(truth * SOLVE_TOLERANCE) <= found <= truth, label
+    # the contract (memory with noise has no one limit): what is returned fits, and past the tolerance does not
+    assert exact(found) <= capacity < exact(found + 1 + int(found * SOLVE_TOLERANCE)), label
     assert len(traced) <= 8, f"{label}: {traced}"
 
 
