@@ -47,15 +47,17 @@ def memory_command(
     """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
     from tunecast.config.load import imported_part
-    from tunecast.estimate.answer import answer_memory
+    from tunecast.estimate.answer import answer_memory, start_prewarm
 
     loaded = load_from_cli(ctx, config, spec_args)
     if check and loaded.gpu is None:
         raise TunecastError("--check needs a GPU to check the run against", field="--check",
                             hint="name it with --gpu (for example --gpu a100-80gb, or --gpu local), or gpus.gpu in the "
                                  "config")
+    warming = start_prewarm(loaded, state(ctx).catalog(), device=device)  # before the progress display's thread
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
-        answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions)
+        answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions,
+                               warming=warming)
     if json_output:
         print_json({**answer.as_dict(loaded), **imported_part(loaded)})
     else:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecast.catalog.devices import is_cpu
-from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
 from tunecast.errors import TunecastError
@@ -43,18 +41,46 @@ class MemoryAnswer:
         return document
 
 
-def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool = False
-                  ) -> MemoryAnswer:
+def answer_memory(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool = False,
+                  warming: prewarm.Prewarm | None = None) -> MemoryAnswer:
     """Estimate the run's per-GPU memory; with `gpus.gpu` set, also fit, limits and suggestions (those that
-    would need a trace of their own only with `trace_suggestions`).
+    would need a trace of their own only with `trace_suggestions`). `warming`: the second process `start_prewarm`
+    started, whose replays the limits take.
 
     `grad_checkpointing: auto` is off unless the run does not fit the GPU without it.
     """
     with replays.deferred():  # the replays of every estimate made here, written once
-        return _answer(loaded, catalog, device=device, trace_suggestions=trace_suggestions)
+        try:
+            return _answer(loaded, catalog, device=device, trace_suggestions=trace_suggestions, warming=warming)
+        finally:
+            prewarm.abandon(warming)
 
 
-def _answer(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool) -> MemoryAnswer:
+def start_prewarm(loaded: LoadedSpec, catalog: Catalog, *, device: str) -> prewarm.Prewarm | None:
+    """For a step whose loss is composed, estimated on a GPU: the second process that replays the stand-in's limits
+    while this one traces (prewarm.py); None for any other. Call it before this process starts a thread (a progress
+    display): a process with threads is not forked."""
+    from tunecast.estimate.compose import composable
+    from tunecast.step.settings import TraceSettings
+
+    spec, gpu = loaded.spec, loaded.gpu
+    if gpu is None or is_cpu(gpu) or device != "cuda":
+        return None
+    checkpointing = spec.grad_checkpointing is True  # `auto` is off until the estimate says otherwise
+    if not composable(TraceSettings.from_spec(spec, grad_checkpointing=checkpointing, device=device)):
+        return None
+    total = estimator_total(loaded.model.data, gpu, catalog.overheads)
+    run = spec.model_copy(update={"grad_checkpointing": checkpointing})
+
+    def proxy(**shape: int) -> float:
+        return total(run, trace=False, stand_in=True, **shape)
+
+    return prewarm.start(proxy, gpu.usable_memory_gib, spec.micro_batch_size, spec.seq_len,
+                         loaded.model.max_position_embeddings or 1 << 20)
+
+
+def _answer(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggestions: bool,
+            warming: prewarm.Prewarm | None) -> MemoryAnswer:
     if device not in DEVICES:
         raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")
     spec, gpu = loaded.spec, loaded.gpu
@@ -72,36 +98,6 @@ def _answer(loaded: LoadedSpec, catalog: Catalog, *, device: str, trace_suggesti
                                grad_checkpointing=checkpointing)
 
     checkpointing = spec.grad_checkpointing is True
-    warming = None if gpu is None or on_cpu else _prewarm(loaded, catalog, checkpointing, device)
-    try:
-        return _fitted(loaded, catalog, run, checkpointing, device, estimated_on, trace_suggestions, warming)
-    finally:
-        prewarm.abandon(warming)
-
-
-def _prewarm(loaded: LoadedSpec, catalog: Catalog, checkpointing: bool, device: str) -> prewarm.Prewarm | None:
-    """For a composed step on a GPU, the second process that replays the stand-in's limits (prewarm.py)."""
-    from tunecast.estimate.compose import composable
-    from tunecast.step.settings import TraceSettings
-
-    spec, gpu = loaded.spec, loaded.gpu
-    assert gpu is not None
-    if not composable(TraceSettings.from_spec(spec, grad_checkpointing=checkpointing, device=device)):
-        return None
-    total = estimator_total(loaded.model.data, gpu, catalog.overheads)
-    run_spec = spec.model_copy(update={"grad_checkpointing": checkpointing})
-
-    def proxy(**shape: int) -> float:
-        return total(run_spec, trace=False, stand_in=True, **shape)
-
-    return prewarm.start(proxy, gpu.usable_memory_gib, spec.micro_batch_size, spec.seq_len,
-                         loaded.model.max_position_embeddings or 1 << 20)
-
-
-def _fitted(loaded: LoadedSpec, catalog: Catalog, run: Callable[[bool], MemoryEstimate], checkpointing: bool,
-            device: str, estimated_on: Gpu | None, trace_suggestions: bool, warming: prewarm.Prewarm | None
-            ) -> MemoryAnswer:
-    spec, gpu, config = loaded.spec, loaded.gpu, loaded.model.data
     estimate = run(checkpointing)
     if spec.grad_checkpointing == "auto" and gpu is not None and estimate.device_total_gib > gpu.usable_memory_gib:
         checkpointing = True
@@ -113,7 +109,7 @@ def _fitted(loaded: LoadedSpec, catalog: Catalog, run: Callable[[bool], MemoryEs
         run_spec = spec if spec.grad_checkpointing != "auto" else spec.model_copy(
             update={"grad_checkpointing": checkpointing})
         fit = fit_report(run_spec, estimate, gpu, estimator_total(config, gpu, catalog.overheads), context_len=context,
-                         trace_suggestions=trace_suggestions)
+                         trace_suggestions=trace_suggestions, parallel=warming is not None)
         if spec.micro_batch == "auto" and fit.max_micro_batch >= 1:
             # `auto` is left open: the answer is the largest micro-batch that fits, as `tunecast train` takes it
             # (there, also dividing the sequences of a step)

@@ -207,21 +207,28 @@ def estimator_total(config_data: dict[str, Any], gpu: Gpu, overheads: tuple[Over
 
 
 def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, *,
-               context_len: int | None, trace_suggestions: bool = False) -> FitReport:
+               context_len: int | None, trace_suggestions: bool = False, parallel: bool = False) -> FitReport:
     """Whether `spec` fits `gpu`, its largest micro-batch and length, and changes that would make it fit
-    (each with its figure where a template or the cache serves it, or `trace_suggestions` lets it trace)."""
+    (each with its figure where a template or the cache serves it, or `trace_suggestions` lets it trace). With
+    `parallel`, a composed step's two limits are solved at once, the length's in a forked process (prewarm.py)."""
     capacity = gpu.usable_memory_gib
     seq_cap = context_len or 1 << 20
     if estimate.composed:  # each shape would trace the loss: the limits are solved (see _solved)
         from tunecast.estimate.compose import repeats_once
+        from tunecast.estimate.prewarm import both
 
         known = estimate.device_total_gib
+
+        def batch_limit() -> int:
+            return _solved(lambda b: total(spec, micro_batch=b), lambda b: total(spec, micro_batch=b, stand_in=True),
+                           (estimate.micro_batch, known), capacity, 1, MAX_MICRO_BATCH)
+
+        def seq_limit() -> int:
+            return _solved(lambda s: total(spec, seq_len=s), lambda s: total(spec, seq_len=s, stand_in=True),
+                           (estimate.seq_len, known), capacity, 1, seq_cap)
+
         with repeats_once():  # the checks read memory only
-            max_batch = _solved(lambda b: total(spec, micro_batch=b),
-                                lambda b: total(spec, micro_batch=b, stand_in=True),
-                                (estimate.micro_batch, known), capacity, 1, MAX_MICRO_BATCH)
-            max_seq = _solved(lambda s: total(spec, seq_len=s), lambda s: total(spec, seq_len=s, stand_in=True),
-                              (estimate.seq_len, known), capacity, 1, seq_cap)
+            max_batch, max_seq = both(batch_limit, seq_limit) if parallel else (batch_limit(), seq_limit())
     else:
         max_batch = _largest(lambda b: total(spec, micro_batch=b) <= capacity, 1, MAX_MICRO_BATCH)
         max_seq = _largest(lambda s: total(spec, seq_len=s) <= capacity, 1, seq_cap)

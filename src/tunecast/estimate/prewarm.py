@@ -19,15 +19,18 @@ import os
 import pickle
 import select
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from tunecast.estimate import progress, replays
 from tunecast.estimate.fit import MAX_MICRO_BATCH
 from tunecast.estimate.memory import seq_ladder
 
-COLLECT_TIMEOUT_S = 60  # longer than any walk takes; past it, this process replays what is missing itself
+COLLECT_TIMEOUT_S = 30  # longer than any walk takes; past it, this process replays what is missing itself
+SECOND_TIMEOUT_S = 60  # longer than a limit's checks take once the first is found
 
 Proxy = Callable[..., float]
 """proxy(micro_batch=…) or proxy(seq_len=…) → per-GPU GiB of the step with its loss's stand-in; NeedsTrace where a
@@ -44,16 +47,18 @@ class Prewarm:
 def start(proxy: Proxy, capacity: float, batch: int, seq: int, longest: int) -> Prewarm | None:
     """Fork a process that estimates the stand-in's step up both limits' doubling paths (`walk`); None where it
     cannot run."""
-    if not hasattr(os, "fork") or os.environ.get("TUNECAST_NO_PREWARM") == "1" or threading.active_count() > 1:
+    if not hasattr(os, "fork") or sys.platform != "linux" or os.environ.get("TUNECAST_NO_PREWARM") == "1" \
+            or threading.active_count() > 1:
         return None  # a process with threads (a server's) is not forked: a lock another thread held stays held
     reader, writer = os.pipe()
     pid = os.fork()
     if pid:
         os.close(writer)
         return Prewarm(pid, reader)
-    os.close(reader)  # the second process: it returns nothing but its replays, and exits without cleanup
+    os.close(reader)  # the second process: it returns nothing but its replays, says nothing, and exits without cleanup
     status = 1
     try:
+        _silenced()
         with _quiet():
             walk(proxy, capacity, batch, seq, longest)
         with os.fdopen(writer, "wb") as out:
@@ -86,19 +91,27 @@ def collect(prewarm: Prewarm | None) -> None:
     """Wait for the second process and add its replays to this process's; nothing where it failed."""
     if prewarm is None or prewarm.done:
         return
-    prewarm.done = True
+    found = _received(prewarm, COLLECT_TIMEOUT_S)
+    if isinstance(found, dict):
+        replays.merge(found)
+
+
+def _received(process: Prewarm, timeout: float) -> Any:
+    """What the forked process wrote before it exited; None where it failed or did not answer within `timeout` s
+    (it is then stopped)."""
+    process.done = True
     try:
-        with os.fdopen(prewarm.reader, "rb") as source:
-            if not select.select([source], [], [], COLLECT_TIMEOUT_S)[0]:
+        with os.fdopen(process.reader, "rb") as source:
+            if not select.select([source], [], [], timeout)[0]:
                 raise OSError("the second process did not answer")
             data = source.read()
-        os.waitpid(prewarm.pid, 0)
-        if data:
-            replays.merge(pickle.loads(data))
+        os.waitpid(process.pid, 0)
+        return pickle.loads(data) if data else None  # written by this process's own fork, through a pipe
     except (OSError, pickle.UnpicklingError, EOFError, ChildProcessError):
         with contextlib.suppress(OSError, ChildProcessError):
-            os.kill(prewarm.pid, signal.SIGKILL)
-            os.waitpid(prewarm.pid, 0)
+            os.kill(process.pid, signal.SIGKILL)
+            os.waitpid(process.pid, 0)
+        return None
 
 
 def abandon(prewarm: Prewarm | None) -> None:
@@ -110,6 +123,42 @@ def abandon(prewarm: Prewarm | None) -> None:
         os.close(prewarm.reader)
         os.kill(prewarm.pid, signal.SIGKILL)
         os.waitpid(prewarm.pid, 0)
+
+
+def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]:
+    """first() here and second() in a forked process at once (a composed step's two limits: each check a trace of its
+    own); second() here after first() where the process cannot be forked or does not answer in time. Only where this
+    process forked a second one before (`start`: the command line's estimates, not a server's threads)."""
+    if not hasattr(os, "fork") or sys.platform != "linux" or os.environ.get("TUNECAST_NO_PREWARM") == "1":
+        return first(), second()
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if not pid:
+        os.close(reader)
+        status = 1
+        try:
+            _silenced()
+            with _quiet():
+                found = second()
+            with os.fdopen(writer, "wb") as out:
+                pickle.dump(found, out)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writer)
+    answer = first()
+    child = Prewarm(pid, reader)
+    found = _received(child, SECOND_TIMEOUT_S)
+    return answer, found if isinstance(found, int) else second()
+
+
+def _silenced() -> None:
+    """In a forked process: its output goes nowhere, through streams of its own (a thread of the first process may
+    have held the locks of the ones it copied)."""
+    silent = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(silent, 1)
+    os.dup2(silent, 2)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process's short life
 
 
 @contextlib.contextmanager

@@ -71,3 +71,21 @@ def test_a_second_process_that_fails_leaves_this_one_as_it_was(isolated_home: ob
     started = prewarm.start(proxy, 80.0, batch=1, seq=512, longest=512)
     prewarm.collect(started)
     assert replays.exported() == before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
+def test_both_limits_at_once_the_second_in_a_forked_process() -> None:
+    here = os.getpid()
+    assert prewarm.both(lambda: 1, lambda: 2 if os.getpid() != here else -1) == (1, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
+def test_a_second_limit_whose_process_fails_is_solved_here() -> None:
+    here = os.getpid()
+
+    def second() -> int:
+        if os.getpid() != here:
+            os._exit(3)  # as if killed
+        return 2
+
+    assert prewarm.both(lambda: 1, second) == (1, 2)
