@@ -138,8 +138,12 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
             fits(fitting + step if step < width else (fitting + failing) // 2)
             step *= 2
             continue
-        guess = _closing(values, fitting, failing, capacity) if halved else (fitting + failing) // 2
-        checked(min(max(guess, fitting + 1), failing - 1))
+        guess = min(max(_closing(values, fitting, failing, capacity) if halved else (fitting + failing) // 2,
+                        fitting + 1), failing - 1)
+        if width > 4 * (1 + margin(fitting)):
+            fits(guess)  # far from closing: the guess alone narrows the interval
+        else:
+            checked(guess)
         halved = failing - fitting <= width // 2
     return fitting
 
