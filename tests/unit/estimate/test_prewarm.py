@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -48,6 +49,7 @@ def test_the_second_process_s_replays_are_this_process_s_after_collecting(isolat
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replays, "_BY_ORIGIN", {})
     monkeypatch.setattr(replays, "_CHANGED", set())
+    monkeypatch.setattr(prewarm.threading, "active_count", lambda: 1)  # pytest-xdist's worker runs a thread
     made = Replay({"forward": PhasePeak(7, {})}, 11, 0)
 
     def proxy(**shape: int) -> float:  # in the second process: a replay of a template it estimated
@@ -63,7 +65,9 @@ def test_the_second_process_s_replays_are_this_process_s_after_collecting(isolat
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
-def test_a_second_process_that_fails_leaves_this_one_as_it_was(isolated_home: object) -> None:
+def test_a_second_process_that_fails_leaves_this_one_as_it_was(isolated_home: object,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prewarm.threading, "active_count", lambda: 1)
     def proxy(**shape: int) -> float:
         os._exit(3)  # as if killed
 
@@ -89,3 +93,15 @@ def test_a_second_limit_whose_process_fails_is_solved_here() -> None:
         return 2
 
     assert prewarm.both(lambda: 1, second) == (1, 2)
+
+
+def test_a_process_with_threads_starts_no_second_one() -> None:
+    """A server's estimates: a lock another thread holds while the process forks stays held in the fork."""
+    stop = threading.Event()
+    waiting = threading.Thread(target=stop.wait)
+    waiting.start()
+    try:
+        assert prewarm.start(lambda **shape: 1.0, 80.0, batch=1, seq=512, longest=512) is None
+    finally:
+        stop.set()
+        waiting.join()
