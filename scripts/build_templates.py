@@ -68,10 +68,10 @@ SETTINGS: dict[str, dict] = {
     "v1-full": {"method": "full", "precision": "bf16-mixed", "optimizer": "adamw-foreach"},
 }
 # Labels built for some runners only: the other runners' configs do not name these settings in their examples.
+_CHUNKED = ("tunecast", "axolotl", "llamafactory", "hf-trainer")  # the runners `loss: chunked` changes the step of
 RUNNERS_OF = {"lora-qvo-mlp": ("torchtune",), "int8": ("axolotl", "llamafactory", "trl", "hf-trainer", "tunecast"),
               "int8-dropout": ("axolotl", "llamafactory", "trl", "hf-trainer"), "v1-lora": ("llamafactory",),
-              "v1-full": ("llamafactory",), "lora-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer"),
-              "full-chunked": ("tunecast", "axolotl", "llamafactory", "hf-trainer"),
+              "v1-full": ("llamafactory",), "lora-chunked": _CHUNKED, "full-chunked": _CHUNKED,
               "qlora-dropout": ("axolotl", "llamafactory", "hf-trainer", "trl"), "full-bf16": ("trl",),
               "lora-dropout-bf16": ("trl",), "qlora-dropout-bf16": ("trl",), "full-step-after": ("torchtune",)}
 # Runners whose step variants a template can hold: their templates differ from tunecast's own only where the

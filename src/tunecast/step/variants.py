@@ -110,9 +110,10 @@ def runner_notes(spec: RunSpec, device: str = "cuda") -> list[str]:
         lines.append(f"runner {runner.label}: the step and defaults of {runner.version}"
                      + (f" (runner_version {spec.runner_version})" if spec.runner_version is not None else
                         "; set runner_version for an older version (docs/runners.md)"))
-    libraries = (*bitsandbytes.qlora_step, *transformers.step)
+    of_bitsandbytes = (*bitsandbytes.qlora_step, "kbit-input-dtype")  # its 4-bit layers' outputs, in every version
+    libraries = (*of_bitsandbytes, *transformers.step)
     lines += [f"runner {runner.label} ({runner.version}): {STEP_VARIANTS[v]}" for v in chosen if v not in libraries]
     lines += [f"{transformers.version} (transformers_version {spec.transformers_version}): {STEP_VARIANTS[v]}"
               for v in chosen if v in transformers.step]
-    lines += [f"{bitsandbytes.version}: {STEP_VARIANTS[v]}" for v in chosen if v in bitsandbytes.qlora_step]
+    lines += [f"{bitsandbytes.version}: {STEP_VARIANTS[v]}" for v in chosen if v in of_bitsandbytes]
     return lines + [f"runner {runner.label}: not modelled: {text}" for text in runner.unmodelled]

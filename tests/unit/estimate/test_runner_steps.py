@@ -15,7 +15,7 @@ from tunecast.estimate.tracer import ALLOC, trace_step
 from tunecast.step import loss
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import build_meta_model
-from tunecast.step.variants import CHUNKING_VARIANTS, OWN_LOSSES, STEP_VARIANTS, runner_step
+from tunecast.step.variants import CHUNKING_VARIANTS, OWN_LOSSES, STEP_VARIANTS, runner_notes, runner_step
 
 BATCH, SEQ = 2, 128
 
@@ -222,3 +222,6 @@ def test_4bit_layers_returning_their_input_dtype_make_the_residual_stream_fp32_a
     assert "kbit-input-dtype" in runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer"))
     assert "kbit-input-dtype" not in runner_step(RunSpec(model="x", method="qlora", runner="hf-trainer",
                                                          quantization={"bits": 8}))
+    said = [line for line in runner_notes(RunSpec(model="x", method="qlora", runner="hf-trainer"))
+            if STEP_VARIANTS["kbit-input-dtype"] in line]
+    assert len(said) == 1 and said[0].startswith("bitsandbytes"), "bitsandbytes' behaviour, not the runner's"
