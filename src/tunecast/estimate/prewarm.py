@@ -146,8 +146,12 @@ def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]
         finally:
             os._exit(status)
     os.close(writer)
-    answer = first()
     child = Prewarm(pid, reader)
+    try:
+        answer = first()
+    except BaseException:
+        abandon(child)
+        raise
     found = _received(child, SECOND_TIMEOUT_S)
     return answer, found if isinstance(found, int) else second()
 

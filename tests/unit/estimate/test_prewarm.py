@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
@@ -105,3 +106,25 @@ def test_a_process_with_threads_starts_no_second_one() -> None:
     finally:
         stop.set()
         waiting.join()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
+def test_a_first_limit_that_fails_stops_the_second_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    forked: list[int] = []
+    fork = os.fork
+
+    def recorded() -> int:
+        pid = fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(prewarm.os, "fork", recorded)
+
+    def first() -> int:
+        raise ValueError("the first limit's estimate failed")
+
+    with pytest.raises(ValueError, match="first limit"):
+        prewarm.both(first, lambda: time.sleep(60) or 2)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)  # stopped and waited for, not left running
