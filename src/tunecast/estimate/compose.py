@@ -108,10 +108,10 @@ def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[in
 def _marks(step: _Steps) -> dict[int, dict[str, str]]:
     """Each step's marks by pass, as their JSON."""
     marks: dict[int, dict[str, str]] = {}
-    for index, category in enumerate(step.categories):
-        if step.kinds[index] == RECLASS and step.keys[index] == -1 and category.startswith(SEGMENT_MARK):
-            text = category.removeprefix(SEGMENT_MARK)
-            marks.setdefault(step.steps[index], {})[json.loads(text)["part"]] = text
+    for index in range(len(step.kinds)):
+        info = step.mark(index)
+        if info is not None:
+            marks.setdefault(step.steps[index], {})[info["part"]] = step.categories[index].removeprefix(SEGMENT_MARK)
     return marks
 
 

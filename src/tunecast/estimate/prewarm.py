@@ -47,25 +47,14 @@ class Prewarm:
 def start(proxy: Proxy, capacity: float, batch: int, seq: int, longest: int) -> Prewarm | None:
     """Fork a process that estimates the stand-in's step up both limits' doubling paths (`walk`); None where it
     cannot run."""
-    if not hasattr(os, "fork") or sys.platform != "linux" or os.environ.get("TUNECAST_NO_PREWARM") == "1" \
-            or threading.active_count() > 1:
+    if not _can_fork() or threading.active_count() > 1:
         return None  # a process with threads (a server's) is not forked: a lock another thread held stays held
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if pid:
-        os.close(writer)
-        return Prewarm(pid, reader)
-    os.close(reader)  # the second process: it returns nothing but its replays, says nothing, and exits without cleanup
-    status = 1
-    try:
-        _silenced()
-        with _quiet():
-            walk(proxy, capacity, batch, seq, longest)
-        with os.fdopen(writer, "wb") as out:
-            pickle.dump(replays.exported(), out)
-        status = 0
-    finally:
-        os._exit(status)
+
+    def replayed() -> dict[str, dict[str, Any]]:
+        walk(proxy, capacity, batch, seq, longest)
+        return replays.exported()
+
+    return _forked(replayed)
 
 
 def walk(proxy: Proxy, capacity: float, batch: int, seq: int, longest: int) -> None:
@@ -127,26 +116,11 @@ def abandon(prewarm: Prewarm | None) -> None:
 
 def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]:
     """first() here and second() in a forked process at once (a composed step's two limits: each check a trace of its
-    own); second() here after first() where the process cannot be forked or does not answer in time. Only where this
-    process forked a second one before (`start`: the command line's estimates, not a server's threads)."""
-    if not hasattr(os, "fork") or sys.platform != "linux" or os.environ.get("TUNECAST_NO_PREWARM") == "1":
+    own); second() here after first() where the process cannot be forked or does not answer in time. For the command
+    line's estimates, which started the second process of `start` (a server's threads are not forked)."""
+    if not _can_fork():
         return first(), second()
-    reader, writer = os.pipe()
-    pid = os.fork()
-    if not pid:
-        os.close(reader)
-        status = 1
-        try:
-            _silenced()
-            with _quiet():
-                found = second()
-            with os.fdopen(writer, "wb") as out:
-                pickle.dump(found, out)
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(writer)
-    child = Prewarm(pid, reader)
+    child = _forked(second)
     try:
         answer = first()
     except BaseException:
@@ -154,6 +128,31 @@ def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]
         raise
     found = _received(child, SECOND_TIMEOUT_S)
     return answer, found if isinstance(found, int) else second()
+
+
+def _can_fork() -> bool:
+    return hasattr(os, "fork") and sys.platform == "linux" and os.environ.get("TUNECAST_NO_PREWARM") != "1"
+
+
+def _forked(work: Callable[[], Any]) -> Prewarm:
+    """A forked process that runs `work` silently and writes its result to a pipe (`_received` reads it), then exits
+    without cleanup."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(writer)
+        return Prewarm(pid, reader)
+    os.close(reader)
+    status = 1
+    try:
+        _silenced()
+        with _quiet():
+            found = work()
+        with os.fdopen(writer, "wb") as out:
+            pickle.dump(found, out)
+        status = 0
+    finally:
+        os._exit(status)
 
 
 def _silenced() -> None:
