@@ -131,13 +131,24 @@ def test_a_cold_estimate_says_what_it_traces_and_rebuilds_a_damaged_entry(cli, t
     assert "trac" not in warm.stderr and warm.json() == cold.json()
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed", "fp16-mixed"])
-def test_a_mixture_of_experts_in_float32_weights_is_refused_with_the_field_to_change(cli, precision) -> None:
-    result = cli("memory", "--model", "mistralai/Mixtral-8x7B-v0.1", "--method", "lora", "--precision", precision,
-                 "--seq-len", "512")
-    assert result.code == 2
-    assert f"precision {precision}: a mixture-of-experts model's memory is estimated in bf16 only" in result.stderr
-    assert "--precision bf16" in result.stderr and "Traceback" not in result.stderr
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_a_mixture_of_experts_in_float32_weights_is_estimated_with_4_byte_experts(cli, tmp_path, precision) -> None:
+    """fp32, and mixed precision's fp32 master weights, run the experts' grouped matmul in fp32, as the real kernels
+    do: the estimate answers and counts every frozen weight in 4 bytes."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = {"model_type": "qwen3_moe", "hidden_size": 1024, "intermediate_size": 2048, "moe_intermediate_size": 512,
+            "num_experts": 8, "num_experts_per_tok": 2, "num_hidden_layers": 2, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 32768, "max_position_embeddings": 2048}
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(data))
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.for_model(**data)).parameters())
+    result = cli("memory", "--model", str(config), "--method", "lora", "--precision", precision,
+                 "--seq-len", "512", "--json")
+    assert result.code == 0, result.stderr
+    assert result.json()["breakdown_gib"]["weights"] == pytest.approx(4 * params / 2**30, abs=0.001)  # 0.36 GiB
 
 
 def test_check_is_a_pre_flight_gate_that_exits_3_when_the_run_does_not_fit(cli) -> None:

@@ -348,15 +348,18 @@ def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str 
     `unquantized_numel`; docs/memory.md). The trace counts them so already (it models NF4 on nn.Linear weights only,
     `quantizable_numel`): this says it, for the weights that make most of such a model."""
     from tunecast.estimate.moe import unquantized_numel
+    from tunecast.step.variants import runner_step
 
     kept = unquantized_numel(config_data) if spec.method == "qlora" else 0
     if not kept:
         return None
-    dtype = "bf16" if _param_bytes(spec) == 2 else "fp32"
+    cast = "kbit-fp32" in runner_step(spec, "cuda")
+    size = 4 if cast else _param_bytes(spec)
     quantized = "int8" if spec.quantization.bits == 8 else "NF4"
-    return (f"QLoRA leaves the experts in {dtype}, not {quantized}: {format_params(kept)} expert and router weights, "
-            f"{kept * _param_bytes(spec) / BYTES_PER_GIB:.2f} GiB of the frozen weights (bitsandbytes quantizes "
-            "nn.Linear layers only; transformers keeps the experts as fused 3-D parameters)")
+    why = "; peft's prepare_model_for_kbit_training then casts them to fp32" if cast else ""
+    return (f"QLoRA leaves the experts in {'bf16' if size == 2 else 'fp32'}, not {quantized}: {format_params(kept)} "
+            f"expert and router weights, {kept * size / BYTES_PER_GIB:.2f} GiB of the frozen weights (bitsandbytes "
+            f"quantizes nn.Linear layers only; transformers keeps the experts as fused 3-D parameters{why})")
 
 
 def expert_dropout_note(spec: RunSpec, config_data: dict[str, Any]) -> str | None:
@@ -540,28 +543,6 @@ def _param_bytes(spec: RunSpec) -> int:
     return 2 if spec.precision in ("bf16", "fp8") else 4
 
 
-def _check_expert_precision(spec: RunSpec, settings: TraceSettings, config_data: dict[str, Any]) -> None:
-    """Mixture-of-experts models are traced in bf16 only: transformers runs their experts through torch's
-    grouped matmul, whose fake-tensor kernel (the one a trace runs) takes bf16 operands, so with float32 weights
-    (fp32, or the fp32 master weights of mixed precision, which autocast leaves to the experts) the step does not
-    run at all."""
-    if not has_experts(config_data):
-        return
-    from tunecast.errors import TunecastError
-
-    if settings.precision != "bf16":
-        raise TunecastError(f"precision {spec.precision}: a mixture-of-experts model's memory is estimated in bf16 "
-                            "only (torch's grouped expert matmul takes bf16 on the fake tensors the estimate traces)",
-                            field="precision", hint="set precision: bf16 (or --precision bf16) for this model")
-    if "kbit-fp32" in settings.runner_step:  # the expert weights are no Params4bit: peft casts them to fp32
-        raise TunecastError(f"runner {spec.runner}: its QLoRA casts every weight bitsandbytes leaves unquantized to "
-                            "fp32 (peft's prepare_model_for_kbit_training), and a mixture of experts' fused expert "
-                            "weights are such weights: its memory is estimated in bf16 only (torch's grouped expert "
-                            "matmul takes bf16 on the fake tensors the estimate traces)", field="runner",
-                            hint="estimate with a runner whose QLoRA keeps them in bf16 (tunecast, axolotl, "
-                                 "llamafactory, unsloth), or method: lora")
-
-
 def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, gpu: Gpu | None,
                     overheads: tuple[Overhead, ...], grad_checkpointing: bool | None = None,
                     micro_batch: int | None = None, seq_len: int | None = None,
@@ -578,7 +559,6 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
 
         if composable(settings):
             settings = stub_settings(settings)
-    _check_expert_precision(spec, settings, config_data)
     batch = micro_batch if micro_batch is not None else spec.micro_batch_size
     seq = seq_len if seq_len is not None else spec.seq_len
     cuda = device == "cuda"

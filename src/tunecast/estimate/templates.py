@@ -32,7 +32,6 @@ from tunecast.estimate.tracer import ALLOC, FREE, SUMMED, ModelFacts, Trace, fac
 from tunecast.paths import cache_file
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import (
-    has_experts,
     layer_period,
     num_layers,
     shallow_config_data,
@@ -149,16 +148,13 @@ def template_settings(settings: TraceSettings) -> TraceSettings:
 
 def applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     """Whether a template may serve this config: a model whose sizes the variables describe, not a chunked
-    loss (its number of chunks depends on the length) unless it is composed onto the template (compose.py), and a
-    mixture of experts in bf16 only (in float32 weights its step does not run: memory.py refuses it)."""
+    loss (its number of chunks depends on the length) unless it is composed onto the template (compose.py)."""
     settings = template_settings(settings)
     return _APPLIES.get((config_digest(config_data), settings), lambda: _applies(config_data, settings))
 
 
 def _applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
     config = text_config_data(config_data)
-    if has_experts(config) and settings.precision != "bf16":
-        return False
     chunking = settings.loss == "chunked" or any(v in CHUNKING_VARIANTS for v in settings.runner_step)
     return symbols.dense_dimensions(config) is not None and not chunking
 
@@ -166,8 +162,6 @@ def _applies(config_data: dict[str, Any], settings: TraceSettings) -> bool:
 def why_traced(config_data: dict[str, Any], settings: TraceSettings) -> str:
     """Why no template serves this model and these settings, in words an estimate announces before it traces."""
     config = text_config_data(config_data)
-    if has_experts(config) and settings.precision != "bf16":
-        return "a mixture of experts outside bf16"
     chunking = [v for v in settings.runner_step if v in CHUNKING_VARIANTS]
     if settings.loss == "chunked" or chunking:
         what = "the chunked loss" if settings.loss == "chunked" else f"the runner's {', '.join(chunking)} loss"

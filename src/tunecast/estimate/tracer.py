@@ -8,7 +8,7 @@ the events of both are kept (the caching-allocator simulation needs the whole hi
 
 Private torch API in use, guarded in `tracing_available()`: FakeTensorMode (torch._subclasses) and
 TorchDispatchMode (torch.utils._python_dispatch). transformers' mask code is steered to its real-tensor
-path (see `_as_on_real_tensors`).
+path, and the grouped matmul's fake kernel takes the dtypes its real kernels take (see `_as_on_real_tensors`).
 """
 
 from __future__ import annotations
@@ -535,10 +535,52 @@ def _as_on_real_tensors() -> Iterator[None]:
     if "find_packed_sequence_indices" in saved:
         masking.find_packed_sequence_indices = lambda position_ids: None
     try:
-        yield
+        with _grouped_mm_in_any_dtype():
+            yield
     finally:
         for name, value in saved.items():
             setattr(masking, name, value)
+
+
+@contextmanager
+def _grouped_mm_in_any_dtype() -> Iterator[None]:
+    """Let the fake kernel of `torch._grouped_mm` take float32 and float16 operands, as its real kernels do.
+
+    transformers runs a mixture of experts' experts through the grouped matmul in the weights' dtype (its
+    `integrations/moe.py` casts the input to it; the op is not autocast-enabled). The real kernels take any
+    float dtype: the CPU kernel, and on CUDA (torch >= 2.9) `_grouped_mm_fallback` wherever the operands are not
+    bf16, a loop of `mm_out` into the one output tensor (aten/src/ATen/native/cuda/GroupedBlas.cpp,
+    GroupedMMUtils.h). The fake kernel (torch/_meta_registrations.py `_meta_grouped_mm_common`) checks for the
+    bf16 fast path only, so a step with float32 experts (fp32, or mixed precision's fp32 master weights) would not
+    trace at all. The output it allocates is the same tensor either way: the operands' shape rule, in `out_dtype`
+    or the first operand's dtype. Scaled (fp8) grouped matmuls keep torch's own checks."""
+    try:
+        import torch
+        import torch._meta_registrations as meta
+    except ImportError:  # pragma: no cover - depends on the torch build
+        yield
+        return
+    common = getattr(meta, "_meta_grouped_mm_common", None)
+    create = getattr(meta, "_create_grouped_mm_output_tensor", None)
+    if common is None or create is None:  # pragma: no cover - a torch without the grouped matmul
+        yield
+        return
+    floats = (torch.float32, torch.float16)
+
+    def any_dtype(mat_a: Any, mat_b: Any, scale_a: Any, scale_b: Any, offs: Any = None, bias: Any = None,
+                  scale_result: Any = None, out_dtype: Any = None, use_fast_accum: bool = False) -> Any:
+        if scale_a is None and scale_b is None and mat_a.dtype in floats and mat_b.dtype == mat_a.dtype:
+            torch._check(out_dtype is None or out_dtype == mat_a.dtype,
+                         lambda: "the grouped matmul's output dtype must be its operands' outside bf16")
+            return create(mat_a, mat_b, offs, out_dtype)
+        return common(mat_a, mat_b, scale_a, scale_b, offs=offs, bias=bias, scale_result=scale_result,
+                      out_dtype=out_dtype, use_fast_accum=use_fast_accum)
+
+    meta._meta_grouped_mm_common = any_dtype
+    try:
+        yield
+    finally:
+        meta._meta_grouped_mm_common = common
 
 
 @contextmanager

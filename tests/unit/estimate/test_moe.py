@@ -67,9 +67,9 @@ def routing(pattern: str) -> torch.Tensor:
 
 
 def measure(model_type: str, width: int, implementation: str, pattern: str,
-            mode: Callable[[], Any] | None = None) -> ExpertBytes:
+            mode: Callable[[], Any] | None = None, dtype: torch.dtype = torch.bfloat16) -> ExpertBytes:
     """One forward and backward of a frozen Experts module on inputs that need gradients (what LoRA on the
-    attention sends it), in bf16."""
+    attention sends it), in `dtype`."""
     from transformers import AutoConfig
 
     hf = AutoConfig.for_model(**config(model_type, width))
@@ -78,7 +78,7 @@ def measure(model_type: str, width: int, implementation: str, pattern: str,
     with mode() if mode is not None else torch.device("cpu"):
         torch.manual_seed(0)
         default = torch.get_default_dtype()
-        torch.set_default_dtype(torch.bfloat16)  # not .to(): a fake module's parameters cannot be swapped
+        torch.set_default_dtype(dtype)  # not .to(): a fake module's parameters cannot be swapped
         try:
             experts = getattr(module, EXPERTS_CLASS[model_type])(hf)
         finally:
@@ -86,8 +86,8 @@ def measure(model_type: str, width: int, implementation: str, pattern: str,
         for parameter in experts.parameters():
             torch.nn.init.normal_(parameter, 0.0, 0.5)
             parameter.requires_grad_(False)
-        hidden = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
-        weights = torch.rand(TOKENS, TOP_K, dtype=torch.bfloat16, requires_grad=True)
+        hidden = torch.randn(TOKENS, HIDDEN, dtype=dtype, requires_grad=True)
+        weights = torch.rand(TOKENS, TOP_K, dtype=dtype, requires_grad=True)
         chosen = routing(pattern)
         before = {t.untyped_storage()._cdata for t in (*experts.parameters(), hidden, weights, chosen)}
         recorder = _Allocations(before)
@@ -127,6 +127,26 @@ def test_fake_tensors_see_every_grouped_byte_and_cannot_run_the_loop() -> None:
         measure("qwen3_moe", 24, "grouped_mm", "balanced")
     with pytest.raises(DynamicOutputShapeException):
         measure("qwen3_moe", 24, "eager", "balanced", mode=FakeTensorMode)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_fake_tensors_trace_float32_experts_as_the_real_kernel_runs_them(family) -> None:
+    """Float32 experts (fp32, or mixed precision's master weights) run the grouped matmul's float32 kernel. torch's
+    fake kernel takes bf16 only; the tracer lets it take what the real kernels take, and then the fake step
+    allocates what the real one does, which is the formula in 4-byte elements."""
+    from tunecast.estimate.tracer import _as_on_real_tensors
+
+    real = measure(family, 24, "grouped_mm", "balanced", dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="BF16"):
+        measure(family, 24, "grouped_mm", "balanced", mode=FakeTensorMode, dtype=torch.float32)
+    with _as_on_real_tensors():
+        fake = measure(family, 24, "grouped_mm", "balanced", mode=FakeTensorMode, dtype=torch.float32)
+    assert fake == real
+    assert real == expert_bytes(ExpertShape.from_config(config(family, 24)), TOKENS, implementation="grouped_mm",
+                                dtype_bytes=4, routing="balanced")
+    FakeTensorMode.cache_clear()  # fake tensors cache an op's output by its inputs' metadata
+    with pytest.raises(RuntimeError, match="BF16"):  # torch's own check again once the trace is over
+        measure(family, 24, "grouped_mm", "balanced", mode=FakeTensorMode, dtype=torch.float32)
 
 
 def test_nothing_untraced_when_the_step_runs_the_traced_kernel() -> None:

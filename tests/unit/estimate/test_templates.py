@@ -19,7 +19,7 @@ LORA = TraceSettings("lora", AdapterSettings(16, 32, 0.05, "all-linear", False, 
                      True, "sdpa", "standard")
 FULL = TraceSettings("full", AdapterSettings(8, 8, 0.0, "all-linear", False, ()), "fp16-mixed", "adamw-foreach",
                      False, False, "eager", "standard")
-# Full fine-tuning in the default precision and attention (grouped expert matmuls take bf16 only).
+# Full fine-tuning in bf16 weights with sdpa attention.
 FULL_BF16 = TraceSettings(**{**FULL.__dict__, "precision": "bf16", "attention": "sdpa"})
 
 
@@ -62,6 +62,7 @@ ATTENTION = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(16, 32
     ("mistralai/Mixtral-8x7B-v0.1", ATTENTION, 2, 40),   # 8 experts top-2, no dense MLP, head size derived
     ("Qwen/Qwen3-30B-A3B", ATTENTION, 1, 48),           # 128 experts top-8 of their own width, head size given
     ("mistralai/Mixtral-8x7B-v0.1", FULL_BF16, 2, 24),  # full fine-tuning: the experts' weights train
+    ("Qwen/Qwen3-30B-A3B", FULL, 1, 32),                # fp32 master weights: the grouped matmuls run in fp32
     ("openai/gpt-oss-20b", ATTENTION, 2, 200),          # above its 128-token window; hidden size not heads × head
     ("openai/gpt-oss-20b", ATTENTION, 1, 160),
 ])
