@@ -207,8 +207,11 @@ def models_command(
                              ("hidden", "right"), ("vocab", "right"), ("experts", "right"), ("context", "right")):
         table.add_column(heading, justify=justify)  # type: ignore[arg-type]
     for d in documents:
+        # A multimodal config's text_config may leave a value to its config class's default (Gemma 3 states no
+        # vocab_size there): shown as "—", as the JSON gives null.
         table.add_row(d["name"], d["model_type"], format_params(d["params"]), str(d["num_layers"]),
-                      str(d["hidden_size"]), f"{d['vocab_size']:,}", str(d["num_experts"] or "—"),
+                      str(d["hidden_size"]), f"{d['vocab_size']:,}" if d["vocab_size"] else "—",
+                      str(d["num_experts"] or "—"),
                       f"{d['max_position_embeddings']:,}" if d["max_position_embeddings"] else "—")
     out.print(table)
 
