@@ -134,7 +134,26 @@ def read_config_file(path: Path, *, field_name: str = "model") -> dict[str, Any]
     if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
         raise TunecastError(f"{path} has no model_type, so it is not a Hugging Face model config",
                             field=field_name, hint="point --model at the model's config.json") from None
-    return data
+    return completed_text_config(data)
+
+
+# What the text config class of a multimodal model defaults to (transformers 5.x; checked in
+# tests/unit/catalog/test_models.py), for the sizes a published `text_config` leaves out: Gemma 3 4B, 12B and 27B
+# state their widths and depth there and leave the heads, head size and vocabulary to Gemma3TextConfig.
+TEXT_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh",
+                    "max_position_embeddings": 131_072, "sliding_window_pattern": 6},
+}
+
+
+def completed_text_config(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with its nested `text_config` completed by the defaults of its config class (`TEXT_CONFIG_DEFAULTS`),
+    as transformers builds the model, so that every reader sees its sizes; other configs unchanged."""
+    inner = data.get("text_config")
+    if not isinstance(inner, dict) or inner.get("model_type") not in TEXT_CONFIG_DEFAULTS:
+        return data
+    return {**data, "text_config": {**TEXT_CONFIG_DEFAULTS[inner["model_type"]], **inner}}
 
 
 def file_name_for(model_name: str) -> str:

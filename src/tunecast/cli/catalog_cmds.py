@@ -207,8 +207,7 @@ def models_command(
                              ("hidden", "right"), ("vocab", "right"), ("experts", "right"), ("context", "right")):
         table.add_column(heading, justify=justify)  # type: ignore[arg-type]
     for d in documents:
-        # A multimodal config's text_config may leave a value to its config class's default (Gemma 3 states no
-        # vocab_size there): shown as "—", as the JSON gives null.
+        # A config of a type whose defaults tunecast does not fill in may leave out its vocabulary: "—" (null in JSON).
         table.add_row(d["name"], d["model_type"], format_params(d["params"]), str(d["num_layers"]),
                       str(d["hidden_size"]), f"{d['vocab_size']:,}" if d["vocab_size"] else "—",
                       str(d["num_experts"] or "—"),

@@ -471,10 +471,10 @@ def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bo
         chosen = depths(config_data)
         progress.notice(f"no shipped step template serves this model's structure in these settings: building it "
                         f"from {len(chosen) + 1} traces at marker dimensions, about "
-                        f"{tracetime.expected((*chosen, chosen[0]), len(chosen) + 1)} s on this machine")
+                        f"{tracetime.expected((*chosen, chosen[0]), len(chosen) + 1, 'marker')} s on this machine")
         started = time.perf_counter()
         built = build_template(config_data, settings, multi, above)
-        tracetime.remember(time.perf_counter() - started, (*chosen, chosen[0]), len(chosen) + 1)
+        tracetime.remember(time.perf_counter() - started, (*chosen, chosen[0]), len(chosen) + 1, "marker")
         found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
         if os.environ.get("TUNECAST_NO_CACHE") != "1":
             write_text_atomic(cache_path(key), json.dumps(found))

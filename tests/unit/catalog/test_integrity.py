@@ -95,3 +95,20 @@ def test_every_stored_parameter_count_is_recomputed_on_the_meta_device(catalog) 
         if counted != catalog.models.entry(name).params:
             wrong[name] = (catalog.models.entry(name).params, counted)
     assert not wrong
+
+
+def test_the_text_config_defaults_filled_in_are_the_config_classes(catalog) -> None:
+    """A multimodal config's text_config is completed with its config class's defaults (`TEXT_CONFIG_DEFAULTS`):
+    they must be transformers' own, and then every reader sees Gemma 3 4B's heads and vocabulary."""
+    from transformers import AutoConfig
+
+    from tunecast.catalog.models import TEXT_CONFIG_DEFAULTS
+
+    for model_type, defaults in TEXT_CONFIG_DEFAULTS.items():
+        made = AutoConfig.for_model(model_type)
+        for key, value in defaults.items():
+            attribute = "_sliding_window_pattern" if key == "sliding_window_pattern" else key
+            assert getattr(made, attribute) == value, (model_type, key)
+    gemma = catalog.models.find("google/gemma-3-4b-it")
+    assert (gemma.vocab_size, gemma.text_config["num_attention_heads"]) == (262_208, 8)
+    assert gemma.text_config["hidden_size"] == 2560  # what the file states is kept

@@ -112,7 +112,7 @@ def test_a_fit_whose_shapes_did_not_align_is_not_traced_again(own_cache: Path, m
     assert lines[0][0] == "notice"
     announced = lines[0][1]
     assert "tracing the step 2 times" in announced
-    assert rate != tracetime.DEFAULT_SECONDS_PER_LAYER, "the first estimate's traces were timed"
+    assert rate != tracetime.DEFAULT_SECONDS_PER_LAYER["model"], "the first estimate's traces were timed"
     depths = (4, 8)
     assert f"about {max(1, round(rate * 2 * sum(depths) / 2))} s on this machine" in announced
 
@@ -168,3 +168,16 @@ def test_replays_made_inside_a_deferred_block_are_written_once_as_it_ends(own_ca
         raise RuntimeError("stopped")
     assert writes and len(writes) == len(set(writes))  # each file once
     assert set(writes) == set((own_cache / "replays").glob("*.json"))
+
+
+def test_marker_traces_and_model_traces_keep_a_rate_each(own_cache: Path) -> None:
+    """A template's marker traces are a few dozen tokens: timing them must not make the next model trace's
+    announcement five times too short, nor the other way round."""
+    assert tracetime.expected((4, 8), 10) == round(tracetime.DEFAULT_SECONDS_PER_LAYER["model"] * 60)
+    tracetime.remember(60.0, (4, 8), 10)  # 1 s a layer
+    tracetime.remember(6.0, (12, 12), 2, "marker")  # 0.25 s a layer
+    assert (tracetime.expected((4, 8), 10), tracetime.expected((34, 34), 2, "marker")) == (60, 17)
+    tracetime.remember(24.0, (12, 12), 2, "marker")  # 1 s a layer: the mean with the last one
+    assert (tracetime.expected((4, 8), 10), tracetime.expected((10,), 1, "marker")) == (60, 6)
+    (own_cache / "profiles" / "seconds-per-layer.json").write_text("[damaged")
+    assert tracetime.expected((4, 8), 10, "marker") == round(tracetime.DEFAULT_SECONDS_PER_LAYER["marker"] * 60)
