@@ -47,6 +47,7 @@ class ProfilePair:
     longest: int | None = None  # from a template below a sliding window: the window
     shortest: int | None = None  # from a template above a sliding window: the window + 1
     origin: str | None = None  # what names these profiles (their cache key), for kept replays (replays.py)
+    stand_in: ProfilePair | None = None  # composed (compose.py): the template's pair, with the loss's stand-in
 
     def covers(self, batch: int, seq: int) -> bool:
         if self.single is not None and self.single != (batch == 1):
@@ -291,7 +292,7 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
         else:
             origin = f"composed {batch}x{seq}{' once' if once else ''} {'-'.join(settings.runner_step)} {pair.origin}"
             _COMPOSED[key] = ProfilePair(profiles[0], profiles[1], pair.layers, (batch, seq), single=pair.single,
-                                         longest=pair.longest, shortest=pair.shortest, origin=origin)
+                                         longest=pair.longest, shortest=pair.shortest, origin=origin, stand_in=pair)
     return _COMPOSED[key]
 
 
