@@ -124,6 +124,22 @@ def test_a_composed_reserve_is_the_larger_copys_grown_as_the_rest_of_the_step(
     assert memory._composed_reserve(pair, *replays) == expected  # type: ignore[arg-type]
 
 
+def test_a_composed_estimate_rises_with_the_micro_batch() -> None:
+    """The same run on the estimator itself (unsloth's QLoRA of Gemma 2 9B, composed at each micro-batch): the
+    reserve no longer swings by tens of GiB from one micro-batch to the next."""
+    from tunecast.config.runner import apply_runner
+
+    catalog = load_catalog(None)
+    model = catalog.models.find("google/gemma-2-9b")
+    totals = []
+    for batch in (107, 109, 111, 123, 137):
+        spec = apply_runner(RunSpec.model_validate({"model": model.name, "method": "qlora", "runner": "unsloth",
+                                                    "micro_batch": batch, "seq_len": 1024}))
+        totals.append(estimate_memory(spec, model.data, device="cuda", gpu=catalog.gpus.get("a100-80gb"),
+                                      overheads=catalog.overheads).device_total_gib)
+    assert totals == sorted(totals), totals
+
+
 def test_a_larger_shape_is_never_reported_to_fit_where_a_smaller_did_not() -> None:
     """The fit search on the real estimator: every micro-batch up to the largest reported fits, the next does
     not; likewise lengths."""
