@@ -5,10 +5,13 @@ A template serves every model of one structure at any rank, vocabulary, width, m
 (docs/memory.md, "Speed"); this builds one per structure of the catalog's dense and mixture-of-experts models,
 in each of SETTINGS (LoRA in the default settings, with adapter dropout, on the attention projections, on q and
 v alone, on q, k and v, in fp32 and in mixed precision, with eager attention; full fine-tuning), checkpointing on
-and off, micro-batch 1 and 2+, below and above a sliding window. Templates are keyed by the torch, transformers and peft
-versions: rebuild them when those change.
+and off, micro-batch 1 and 2+, below and above a sliding window. With them, the settings of the published example
+configs of axolotl, LLaMA-Factory, TRL and torchtune that tests/data/runners/published/ holds, as `--from` reads
+them (their model, runner, method, targets, precision, checkpointing), so that a cold `--from` of those files traces
+nothing. Templates are keyed by the torch, transformers and peft versions: rebuild them when those change.
 
-Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...] [--settings LABEL ...]  (about 15 s a template)
+Run:  .venv/bin/python scripts/build_templates.py [--models NAME ...] [--settings LABEL ...] [--published]
+      (about 15 s a template)
 """
 
 from __future__ import annotations
@@ -23,14 +26,20 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tunecast.catalog.store import load_catalog
+from tunecast.catalog.hub import HubAccess
+from tunecast.catalog.store import Catalog, load_catalog
+from tunecast.config.load import load_spec
 from tunecast.config.runner import apply_runner
 from tunecast.config.spec import RunSpec
+from tunecast.errors import TunecastError
 from tunecast.estimate import templates
+from tunecast.runners.imported import TOOLS, read_config
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import sliding_window, text_config_data
 
-OUT = Path(__file__).resolve().parent.parent / "src" / "tunecast" / "estimate" / "data" / "templates"
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "src" / "tunecast" / "estimate" / "data" / "templates"
+PUBLISHED = REPO / "tests" / "data" / "runners" / "published"
 SUFFIX = ".json.xz"
 # The settings templates are shipped for, by label: RunSpec fields. fp16-mixed and fp8 are traced as bf16-mixed
 # and bf16 (TraceSettings.from_spec), and QLoRA as LoRA, so their templates are these.
@@ -89,6 +98,20 @@ def _write(key: str, template: dict) -> None:
     part.replace(path)
 
 
+def _published(catalog: Catalog) -> list[tuple[str, dict, RunSpec]]:
+    """(model name, text config, spec) of every published example config `--from` plans, read offline as it reads
+    them; the ones it refuses (another stage, a multimodal model, a model outside the catalog) give none."""
+    found = []
+    for tool in TOOLS:
+        for path in sorted((PUBLISHED / tool).rglob("*.y*ml")):
+            try:
+                loaded = load_spec(None, [], catalog, hub=HubAccess(offline=True), imported=read_config(tool, path))
+            except TunecastError:
+                continue
+            found.append((loaded.model.name, text_config_data(loaded.model.data), loaded.spec))
+    return found
+
+
 def _sides(data: dict) -> tuple[bool, ...]:
     """Which sides of the sliding window get templates (above it: True): both where the model has one, since
     an estimate above the window also reads the shapes below it (memory.py, the reserve ladder)."""
@@ -101,12 +124,24 @@ def main() -> int:
     parser.add_argument("--settings", nargs="*", choices=sorted(SETTINGS), help="labels of SETTINGS (default: all)")
     parser.add_argument("--runners", nargs="*", choices=TEMPLATED_RUNNERS,
                         help="the runners whose steps are templated (default: all of TEMPLATED_RUNNERS)")
+    parser.add_argument("--published", action="store_true",
+                        help="the published example configs' settings only (a build without --models, --settings or "
+                             "--runners includes them)")
     parser.add_argument("--list", action="store_true", help="say what would be built, by model, and build nothing")
     args = parser.parse_args()
     catalog = load_catalog(None)
-    names = args.models or catalog.models.names
+    names = [] if args.published else args.models or catalog.models.names
     OUT.mkdir(parents=True, exist_ok=True)
     wanted: dict[str, tuple[str, dict, TraceSettings, bool, bool]] = {}
+    if args.published or not (args.models or args.settings or args.runners):
+        for name, data, spec in _published(catalog):
+            for checkpointing in (False, True):
+                settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
+                if not templates.applies(data, settings):
+                    continue
+                for multi, above in itertools.product((False, True), _sides(data)):
+                    wanted.setdefault(templates.template_key(data, settings, multi, above),
+                                      (name, data, settings, multi, above))
     for name in names:
         model = catalog.models.find(name)
         if model is None:
@@ -154,10 +189,11 @@ def main() -> int:
         _write(key, built)
         print(f"{what}: {key} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     # Stale: what a build of every model in every setting no longer wants (a partial build removes none).
-    stale = kept - set(wanted) if not (args.models or args.settings or args.runners) else set()
+    stale = kept - set(wanted) if not (args.models or args.settings or args.runners or args.published) else set()
     for key in stale:
         (OUT / f"{key}{SUFFIX}").unlink()
-    print(f"{len(wanted)} templates for {len(names)} models; {len(stale)} stale removed", file=sys.stderr)
+    models = len({name for name, *_ in wanted.values()})
+    print(f"{len(wanted)} templates for {models} models; {len(stale)} stale removed", file=sys.stderr)
     return 0
 
 
