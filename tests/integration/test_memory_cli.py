@@ -31,6 +31,8 @@ def test_the_acceptance_command_prints_the_documented_json(cli) -> None:
     assert set(document) >= TOP_LEVEL and set(document["breakdown_gib"]) == BREAKDOWN
     assert document["peak_phase"] in ("forward", "backward", "optimizer")
     assert document["peak_allocated_gib"] <= document["peak_reserved_gib"] <= document["device_total_gib"]
+    assert document["peak_allocated_gib"] <= document["least_reserved_gib"] <= document["peak_reserved_gib"]
+    assert document["least_device_total_gib"] <= document["device_total_gib"]
     assert sum(document["breakdown_gib"].values()) == pytest.approx(document["device_total_gib"], abs=0.01)
     # bf16 weights of 8,030,261,248 parameters
     assert document["breakdown_gib"]["weights"] == pytest.approx(8_030_261_248 * 2 / 2**30, abs=0.01)

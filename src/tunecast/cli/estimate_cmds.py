@@ -39,7 +39,8 @@ def memory_command(
              "covers (about a minute each for a large model on a laptop CPU). Without it they are listed with "
              "no figure.")] = False,
     check: Annotated[bool, typer.Option(
-        "--check", help="A pre-flight gate: exit 0 when the run fits the GPU (--gpu, or gpus.gpu in the config) and "
+        "--check", help="A pre-flight gate: exit 0 when the run fits the GPU (--gpu, or gpus.gpu in the config), also "
+                        "at the edge (only once the allocator releases its cache; said on stderr), and "
                         f"{DOES_NOT_FIT} when it does not, with the reason on stderr.")] = False,
     *,
     spec_args: SpecArgs,
@@ -64,7 +65,11 @@ def memory_command(
         _render(loaded, answer)
         print_problems(list(loaded.warnings))
         print_imported(loaded)
-    if check and answer.fit is not None and not answer.fit.fits:
+    if check and answer.fit is not None and answer.fit.at_edge:
+        err.print(f"fits at the edge: {answer.estimate.least_device_total_gib:.2f} GiB per GPU at least, of the "
+                  f"{answer.fit.capacity_gib:.2f} GiB usable on {answer.fit.gpu} (the allocator releases its cache "
+                  "and retries before it fails)")
+    if check and answer.fit is not None and not answer.fit.fits and not answer.fit.at_edge:
         fit = answer.fit
         err.print(f"does not fit: {answer.estimate.device_total_gib:.2f} GiB per GPU, {-fit.headroom_gib:.2f} GiB over "
                   f"the {fit.capacity_gib:.2f} GiB usable on {fit.gpu}")
@@ -113,6 +118,8 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
         return
     fit = answer.fit
     verdict = (f"[green]fits[/] with {fit.headroom_gib:.1f} GiB to spare" if fit.fits
+               else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least, "
+                    f"{-fit.headroom_gib:.1f} GiB over with the cache as it grows" if fit.at_edge
                else f"[red]does not fit[/]: {-fit.headroom_gib:.1f} GiB over")
     out.print(f"\nOn [bold]{fit.gpu}[/] ({fit.capacity_gib:.2f} GiB usable): {verdict}")
     longest = f"{fit.max_seq_len:,} tokens" + (" (the model's context length)" if fit.max_seq_len_capped else "")

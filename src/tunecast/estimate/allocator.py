@@ -14,8 +14,14 @@ c10/cuda/CUDACachingAllocator.cpp (default configuration, one stream):
 * a freed block merges with free neighbours of its segment; segments are never released (no OOM retry
   and no `empty_cache` in a training step that fits).
 
-Not modelled: `expandable_segments`, `max_split_size_mb`, and the release-and-retry path taken when
-the device runs out of memory (which only lowers the reserve of a run at the edge of fitting).
+At the edge: when cudaMalloc fails, the allocator frees every cached segment that holds no allocated block and
+tries again (`release_cached_blocks`, then one more cudaMalloc; only then out of memory). Segments that hold a live
+block cannot be given back. So besides what it reserves when memory is plentiful (`peak_reserved`), the replay
+keeps what the process must hold at least: the largest total, over the step, of the segments that hold a live block
+(`peak_pinned`). A device with at least that much (and the context) runs the step, releasing cache where it must.
+
+Not modelled: `expandable_segments` (tunecast's runner does not set it), `max_split_size_mb`, and how the placement
+of later blocks changes after a release (the segments obtained afterwards fit their requests more tightly).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class CachingAllocator:
     peak_reserved: int = 0
     allocated: int = 0
     peak_allocated: int = 0
+    pinned: int = 0  # bytes of the segments that hold at least one allocated block
+    peak_pinned: int = 0
     _small: list[tuple[int, int]] = field(default_factory=list)  # free blocks of the small pool
     _large: list[tuple[int, int]] = field(default_factory=list)
     _by_address: dict[int, _Block] = field(default_factory=dict)
@@ -80,8 +88,11 @@ class CachingAllocator:
         index = bisect.bisect_left(pool, (size, -1))
         if index < len(pool):
             block = self._by_address[pool.pop(index)[1]]
+            if block.prev is None and block.next is None:  # a whole segment, free until now
+                self.pinned += block.size
         else:
             block = self._new_segment(segment_size(size), small)
+            self.pinned += block.size
         remainder = block.size - size
         if remainder >= MIN_BLOCK if small else remainder > SMALL_SIZE:
             after = block.next
@@ -97,6 +108,8 @@ class CachingAllocator:
         self.allocated = allocated
         if allocated > self.peak_allocated:
             self.peak_allocated = allocated
+        if self.pinned > self.peak_pinned:
+            self.peak_pinned = self.pinned
         return block.address
 
     def free(self, address: int) -> None:
@@ -110,6 +123,8 @@ class CachingAllocator:
         if after is not None and after.free:
             self._remove(after)
             block = self._merge(block, after)
+        if block.prev is None and block.next is None:  # its segment holds no allocated block any more
+            self.pinned -= block.size
         bisect.insort(self._small if block.small else self._large, (block.size, block.address))
 
     def _new_segment(self, size: int, small: bool) -> _Block:

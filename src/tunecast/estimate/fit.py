@@ -57,9 +57,14 @@ class FitReport:
     max_seq_len_capped: bool  # True when the model's context length, not memory, is the limit
     suggestions: tuple[Suggestion, ...]
     warnings: tuple[str, ...] = field(default=())
+    at_edge: bool = False
+    """Does not fit with the allocator's cache as it grows when memory is plentiful, but fits in what the process needs
+    at least (`least_device_total_gib`): the allocator releases its free cached segments and retries before it fails,
+    so the run goes on at the edge, slower where it releases."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "capacity_gib": round(self.capacity_gib, 3), "fits": self.fits,
+                "fits_at_edge": self.at_edge,
                 "headroom_gib": round(self.headroom_gib, 3), "max_micro_batch": self.max_micro_batch,
                 "max_seq_len": self.max_seq_len, "max_seq_len_is_context_limit": self.max_seq_len_capped,
                 "suggestions": [s.as_dict() for s in self.suggestions], "warnings": list(self.warnings)}
@@ -242,9 +247,15 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
         warnings.append(
             f"only a micro-batch of {max_batch} fits: training gets slower and noisier (make up the batch with "
             "gradient accumulation), and a card with more memory may be the better buy")
+    at_edge = not fits and estimate.least_device_total_gib <= capacity
+    if at_edge:
+        warnings.append(
+            f"fits only at the edge: {estimate.device_total_gib:.1f} GiB with the allocator's cache as it grows, "
+            f"{estimate.least_device_total_gib:.1f} GiB at least once it releases its free cached segments and "
+            "retries (PyTorch does so before it fails); a change below leaves room")
     suggestions = () if fits else tuple(_suggestions(spec, total, capacity, max_batch, trace_suggestions))
     return FitReport(gpu.slug, capacity, fits, capacity - estimate.device_total_gib, max(max_batch, 0),
-                     max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings))
+                     max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings), at_edge)
 
 
 def _estimated(change: str, settings: dict[str, Any], spec: RunSpec, total: Total, capacity: float,

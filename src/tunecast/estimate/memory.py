@@ -81,6 +81,10 @@ class MemoryEstimate:
     peak_allocated_gib: float
     peak_reserved_gib: float
     device_total_gib: float
+    least_reserved_gib: float
+    """What the process must hold at least: the allocator, out of memory, releases the cached segments no live block
+    holds and retries, so a device with `least_device_total_gib` runs the step at the edge (allocator.py)."""
+    least_device_total_gib: float
     peak_phase: str
     host_ram_gib: float
     managed_gib: float
@@ -97,6 +101,8 @@ class MemoryEstimate:
             "peak_allocated_gib": round(self.peak_allocated_gib, 3),
             "peak_reserved_gib": round(self.peak_reserved_gib, 3),
             "device_total_gib": round(self.device_total_gib, 3),
+            "least_reserved_gib": round(self.least_reserved_gib, 3),
+            "least_device_total_gib": round(self.least_device_total_gib, 3),
             "peak_phase": self.peak_phase,
             "host_ram_gib": round(self.host_ram_gib, 3),
             "managed_gib": round(self.managed_gib, 3),
@@ -143,6 +149,7 @@ def _facts(pair: ProfilePair) -> Facts:
 class StepMemory:
     phases: dict[str, PhaseMemory]
     reserve_bytes: float  # caching-allocator reserve above the allocated peak
+    pinned_bytes: float | None = None  # of it, what segments holding a live block keep (None: not simulated)
     host_bytes: float = 0.0
     managed_bytes: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -188,13 +195,27 @@ def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace:
         phases[phase] = memory
     if not (cuda and reserve):
         return StepMemory(phases, 0.0)
+    pinned = float(_pinned_beyond_peak(shallow, deeper))
     if pair.stand_in is None:
-        return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)))
+        return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)), pinned)
     rest = pair.stand_in
     rest_shallow = replays.replayed(rest, "shallow", batch, seq, cuda=cuda, blocks=blocks)
     rest_deeper = rest_shallow if rest.deeper is rest.shallow else replays.replayed(rest, "deeper", batch, seq,
                                                                                    cuda=cuda, blocks=blocks)
-    return StepMemory(phases, float(_composed_reserve(pair, shallow, deeper, rest_shallow, rest_deeper)))
+    return StepMemory(phases, float(_composed_reserve(pair, shallow, deeper, rest_shallow, rest_deeper)), pinned)
+
+
+def _pinned_beyond_peak(shallow: Replay, deeper: Replay) -> int:
+    """What the segments holding a live block keep beyond the step's allocated peak, at the full depth: the larger
+    of the two copies' (allocator.py `peak_pinned`). The free space inside segments still in use is what the
+    allocator cannot give back when it runs out and releases its cache; it is taken as it is in the copies, not grown
+    with depth as the whole reserve may be, so that what a run needs at least is not overstated."""
+
+    def beyond(replayed: Replay) -> int:
+        top = max(p.allocated for p in replayed.phases.values()) + replayed.extra_allocated
+        return max(0, replayed.peak_pinned - top)
+
+    return max(beyond(shallow), beyond(deeper))
 
 
 def _composed_reserve(pair: ProfilePair, shallow: Replay, deeper: Replay, rest_shallow: Replay,
@@ -597,6 +618,11 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
                             checkpointing=settings.grad_checkpointing, reserve=not swept)
         if swept:
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
+            blocks = (workspace,) if workspace else ()
+            shallow = replays.replayed(pair, "shallow", batch, seq, cuda=True, blocks=blocks)
+            deeper = shallow if pair.deeper is pair.shallow else replays.replayed(pair, "deeper", batch, seq,
+                                                                                  cuda=True, blocks=blocks)
+            step.pinned_bytes = float(_pinned_beyond_peak(shallow, deeper))
         traced_at = pair.exact_shape
         composed = (pair.origin or "").startswith("composed")
     except TracingUnavailable as reason:
@@ -640,6 +666,9 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     context = overhead_bytes(overheads, "cuda_context", architecture) if cuda else \
         overhead_bytes(overheads, "cpu_framework", "*")
     device_total = reserved + context
+    # At the edge the allocator releases the cached segments no live block holds and retries (allocator.py): what
+    # the process needs at least is the allocated peak and the free space inside segments still in use.
+    least = reserved if step.pinned_bytes is None else min(reserved, allocated + step.pinned_bytes)
     breakdown = dict(peak.breakdown)
     breakdown["overhead"] = device_total - sum(v for k, v in breakdown.items() if k != "overhead")
     return MemoryEstimate(
@@ -647,6 +676,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         peak_allocated_gib=allocated / BYTES_PER_GIB,
         peak_reserved_gib=reserved / BYTES_PER_GIB,
         device_total_gib=device_total / BYTES_PER_GIB,
+        least_reserved_gib=least / BYTES_PER_GIB,
+        least_device_total_gib=(least + context) / BYTES_PER_GIB,
         peak_phase=peak_phase,
         host_ram_gib=step.host_bytes / BYTES_PER_GIB,
         managed_gib=step.managed_bytes / BYTES_PER_GIB,

@@ -256,6 +256,7 @@ class Replay:
     phases: dict[str, PhasePeak]
     peak_reserved: int
     extra_allocated: int  # bytes allocated before the step (fixed blocks, e.g. cuBLAS workspaces)
+    peak_pinned: int = 0  # the most the segments holding a live block took (allocator.py): 0 where not simulated
 
 
 def _sizes(profile: StepProfile, batch: int, seq: int, cuda: bool) -> tuple[list[int], list[int]]:
@@ -297,7 +298,7 @@ def replay(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
             addresses[slot] = malloc(raws[size])
         else:
             free(addresses[slot])
-    return Replay(phases, allocator.peak_reserved, extra)
+    return Replay(phases, allocator.peak_reserved, extra, allocator.peak_pinned)
 
 
 def replay_events(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
@@ -349,4 +350,4 @@ def replay_events(profile: StepProfile, batch: int, seq: int, *, cuda: bool,
                 peak.breakdown = dict(totals)
     if not cuda:  # a CPU keeps no cache: what it holds at the peak is what is allocated
         return Replay(phases, max(p.allocated for p in phases.values()), extra)
-    return Replay(phases, allocator.peak_reserved if simulate else 0, extra)
+    return Replay(phases, allocator.peak_reserved if simulate else 0, extra, allocator.peak_pinned if simulate else 0)

@@ -29,7 +29,7 @@ from tunecast.estimate.profile import PhasePeak, Replay, StepProfile, replay
 from tunecast.estimate.profiles import ProfilePair
 from tunecast.paths import cache_dir
 
-REPLAY_FORMAT = 1  # bump when what a kept replay holds changes
+REPLAY_FORMAT = 2  # bump when what a kept replay holds changes
 
 
 @functools.cache
@@ -57,13 +57,13 @@ def _path(origin: str) -> Path:
 
 def _to_json(result: Replay) -> list[Any]:
     return [{name: [peak.allocated, peak.breakdown] for name, peak in result.phases.items()},
-            result.peak_reserved, result.extra_allocated]
+            result.peak_reserved, result.extra_allocated, result.peak_pinned]
 
 
 def _from_json(data: list[Any]) -> Replay:
-    phases, reserved, extra = data
+    phases, reserved, extra, pinned = data
     return Replay({name: PhasePeak(int(allocated), {k: int(v) for k, v in breakdown.items()})
-                   for name, (allocated, breakdown) in phases.items()}, int(reserved), int(extra))
+                   for name, (allocated, breakdown) in phases.items()}, int(reserved), int(extra), int(pinned))
 
 
 def _kept(origin: str) -> dict[str, Replay]:

@@ -111,6 +111,7 @@ class Option:
             "changes": list(c.changes) if c else [],
             "peak_reserved_gib": round(c.memory.peak_reserved_gib, 2) if c else None,
             "device_total_gib": round(c.memory.device_total_gib, 2) if c else None,
+            "least_device_total_gib": round(c.memory.least_device_total_gib, 2) if c else None,
             "tokens_per_second": round(c.tokens_per_second, 1) if c else None,
             "tokens_per_second_per_gpu": round(c.tokens_per_second / self.gpu_count, 1) if c else None,
             "hours": round(self.cost.hours, 3) if self.cost else (round(c.hours, 3) if c else None),
@@ -297,8 +298,12 @@ class Planner:
         over = smallest.device_total_gib - capacity
         self.closest[(gpu.slug, count)] = smallest
         tried = f" (tried: {', '.join(names)})" if names else ""
+        edge = ""
+        if smallest.least_device_total_gib <= gpu.usable_memory_gib:
+            edge = (f"; {smallest.least_device_total_gib:.1f} GiB at least once the allocator releases its cache, so "
+                    f"it would run at the edge of the {gpu.usable_memory_gib:.1f} GiB usable")
         return (f"does not fit: at best {smallest.device_total_gib:.1f} GiB per GPU, {over:.1f} GiB over the "
-                f"{capacity:.1f} GiB the plan may use{tried}")
+                f"{capacity:.1f} GiB the plan may use{tried}{edge}")
 
     def _largest_fitting(self, spec: RunSpec, gpu: Gpu, sizes: list[int], checkpointing: bool,
                          capacity: float) -> int | None:

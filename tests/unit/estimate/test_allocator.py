@@ -56,3 +56,32 @@ def test_neighbours_merge_back_into_one_block() -> None:
         allocator.free(part)
     allocator.malloc(12 * MIB)  # fits only if the three 4 MiB pieces merged again
     assert allocator.reserved == 12 * MIB
+
+
+def test_what_the_process_holds_at_least_is_the_segments_with_a_live_block() -> None:
+    """At the edge the allocator gives back every cached segment that holds no allocated block before it fails; the
+    segments a live block holds stay. The growing requests below leave three free segments cached (30, 32 and 34 MiB
+    beside the 36 MiB one the live block takes), but at most one segment ever holds a live block at a time."""
+    allocator = CachingAllocator()
+    for size in (30 * MIB, 31 * MIB, 33 * MIB, 35 * MIB):
+        allocator.free(allocator.malloc(size))
+    live = allocator.malloc(36 * MIB)
+    assert allocator.reserved == allocator.peak_reserved == (30 + 32 + 34 + 36) * MIB
+    assert (allocator.pinned, allocator.peak_pinned) == (36 * MIB, 36 * MIB)
+    small = allocator.malloc(100_000)  # a 2 MiB small segment, held while its block lives
+    assert allocator.pinned == 36 * MIB + SMALL_BUFFER
+    allocator.free(small)
+    allocator.free(live)
+    assert allocator.pinned == 0 and allocator.peak_pinned == 36 * MIB + SMALL_BUFFER
+
+
+def test_a_segment_with_one_block_still_live_stays_held() -> None:
+    allocator = CachingAllocator()
+    first = allocator.malloc(12 * MIB)
+    allocator.free(first)
+    a, b = allocator.malloc(4 * MIB), allocator.malloc(4 * MIB)  # both split from the one 12 MiB segment
+    assert allocator.pinned == 12 * MIB
+    allocator.free(a)
+    assert allocator.pinned == 12 * MIB  # b still lives in it
+    allocator.free(b)
+    assert allocator.pinned == 0

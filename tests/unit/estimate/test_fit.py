@@ -99,7 +99,7 @@ def synthetic_total(run: RunSpec, micro_batch: int | None = None, seq_len: int |
 
 def estimate_of(spec: RunSpec) -> Any:
     total = synthetic_total(spec)
-    return MemoryEstimate("cuda", total, total, total, "backward", 0.0, 0.0, {}, {}, spec.micro_batch,
+    return MemoryEstimate("cuda", total, total, total, total, total, "backward", 0.0, 0.0, {}, {}, spec.micro_batch,
                           spec.seq_len, ())
 
 
@@ -110,6 +110,20 @@ def test_limits_are_the_largest_values_that_fit() -> None:
     assert fit.max_micro_batch == 12  # 4 + 0.5 × 12 = 10
     assert fit.max_seq_len == 3000  # 4 + 0.5 × 4 × 3 = 10
     assert not fit.suggestions
+
+
+@pytest.mark.parametrize(("least", "at_edge"), [(9.5, True), (10.0, True), (10.5, False)])
+def test_a_run_that_fits_only_once_the_allocator_releases_its_cache_fits_at_the_edge(least: float,
+                                                                                        at_edge: bool) -> None:
+    """12 GiB with the cache as it grows on a 10 GiB card: at the edge where what it needs at least fits."""
+    from dataclasses import replace
+
+    spec = RunSpec(model="x", micro_batch=8, seq_len=2000)  # 4 + 8 = 12 GiB
+    estimate = replace(estimate_of(spec), least_reserved_gib=least, least_device_total_gib=least)
+    fit = fit_report(spec, estimate, gpu(10.0), synthetic_total, context_len=None)
+    assert not fit.fits and fit.at_edge == at_edge and fit.as_dict()["fits_at_edge"] == at_edge
+    assert any(w.startswith("fits only at the edge") for w in fit.warnings) == at_edge
+    assert fit.suggestions  # changes that leave room are still offered
 
 
 def test_the_context_length_caps_the_longest_sequence() -> None:

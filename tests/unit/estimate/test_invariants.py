@@ -71,6 +71,13 @@ def test_the_estimate_keeps_the_invariants_of_a_gpu(run: str, device: str, batch
             for b in batches for s in lengths}
     for shape, (allocated, reserved, total) in grid.items():
         assert 0 < allocated <= reserved <= total, (shape, grid[shape])
+    for b in batches:  # what the process needs at least lies between what it allocates and what it reserves
+        for s in lengths:
+            estimate = estimate_memory(spec, config, device=device, gpu=gpu, overheads=catalog.overheads,
+                                       micro_batch=b, seq_len=s)
+            assert estimate.peak_allocated_gib <= estimate.least_reserved_gib <= estimate.peak_reserved_gib
+            assert estimate.least_device_total_gib - estimate.least_reserved_gib == pytest.approx(
+                estimate.device_total_gib - estimate.peak_reserved_gib)
     # No figure falls from a shape to the next larger micro-batch or length (and so to any larger one).
     for (b, s), figures in grid.items():
         nexts = [(min(x for x in batches if x > b), s)] if b < max(batches) else []
