@@ -11,7 +11,7 @@ from tests.models import shallow_llama
 OPTION_KEYS = {"gpu", "gpu_count", "provider", "spot", "usd_per_hour_total", "fits", "micro_batch", "grad_accum",
                "grad_checkpointing", "peak_reserved_gib", "tokens_per_second", "tokens_per_second_per_gpu", "hours",
                "compute_usd", "storage_usd", "preemption_usd", "total_usd", "pareto", "notes", "strategy", "engine",
-               "launcher", "nodes"}
+               "launcher", "nodes", "least_device_total_gib", "exposed_comm_s", "comm_link"}
 
 
 pytestmark = pytest.mark.usefixtures("profile_cache")
@@ -43,6 +43,14 @@ def test_plan_json_follows_the_contract(cli, model) -> None:
     # one node of 1-8, and 2 or 4 nodes of 8 on the H100 offers that publish their network between nodes
     assert {o["gpu"] for o in options} == {"h100-sxm"} and {o["gpu_count"] for o in options} == {1, 2, 4, 8, 16, 32}
     assert all(o["nodes"] == max(1, o["gpu_count"] // 8) for o in options)
+    # several GPUs: the communication a step cannot hide, and the link it assumed (the network past one node)
+    for option in (o for o in options if o["fits"]):
+        single = option["gpu_count"] == 1
+        assert (option["comm_link"] is None) == single and (option["exposed_comm_s"] == 0) == single
+        if option["gpu_count"] > 8:
+            assert option["comm_link"]["name"].startswith("network between nodes")
+        elif not single:
+            assert option["comm_link"]["name"].startswith("nvlink")
     priced = [o["total_usd"] for o in options if o["total_usd"] is not None]
     assert priced == sorted(priced) and any(o["pareto"] for o in options)
     assert {o["spot"] for o in options} == {False, True}  # spot offers priced beside on-demand

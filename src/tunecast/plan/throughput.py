@@ -23,10 +23,15 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   gradients and parameters over PCIe instead; stepped in the backward pass (`optimizer_in_backward`), the same
   bytes, its per-parameter kernels counted among the traced step's dispatches;
 * activation offload: saved activations to CPU RAM and back over PCIe, overlapped with compute;
-* several GPUs: DDP's ring all-reduce of gradients; ZeRO-2's reduce-scatter of gradients and all-gather of the
-  updated parameters; FSDP's (and ZeRO-3's) all-gathers of parameters (forward and backward) and
-  reduce-scatter of gradients — over the card's interconnect, overlapped with computation where the engines
-  overlap them (DDP's and ZeRO-2's gradients with the backward pass, FSDP with the whole step).
+* several GPUs: each collective of the engine over the link between the GPUs (`collective_link`: one direction
+  of the card's interconnect at the bus bandwidth NCCL reaches, or each GPU's share of the network between nodes),
+  a fixed latency per collective plus its bytes, and only what cannot hide behind computation counted
+  (`exposed_communication`): DDP's bucketed all-reduce of gradients behind the backward pass of the last
+  micro-batch (the others accumulate without syncing), its last bucket after it; ZeRO-2's reduce-scatter of each
+  micro-batch's gradients behind its backward pass and the all-gather of the updated parameters after the step;
+  FSDP's (and ZeRO-3's) per-layer all-gathers (forward, and again in backward) and reduce-scatters, each layer's
+  prefetched behind the previous layer's computation, the first all-gather and the last reduce-scatter of each
+  micro-batch exposed.
 
 Every constant is a catalog row (`catalog/data/throughput.csv`, `gpus.csv`) with its source.
 """
@@ -57,6 +62,7 @@ class StepTime:
     communication_s: float  # exposed (not hidden behind computation)
     offload_s: float  # exposed
     tokens_per_step: int  # tokens one GPU processes per optimizer step (padding included)
+    link: Link | None = None  # what the collectives of several GPUs went over; None on one GPU
 
     @property
     def total_s(self) -> float:
@@ -67,6 +73,83 @@ class StepTime:
         return {"compute_s": self.compute_s, "dequantize_s": self.dequantize_s, "dispatch_s": self.dispatch_s,
                 "optimizer_s": self.optimizer_s,
                 "communication_s": self.communication_s, "offload_s": self.offload_s, "total_s": self.total_s}
+
+
+@dataclass(frozen=True)
+class Link:
+    """What the collectives between a run's GPUs go over: its name, the bus bandwidth NCCL reaches on it, and the
+    fixed time of one collective."""
+
+    name: str
+    bus_bytes_per_s: float
+    latency_s: float
+
+    def seconds(self, bus_bytes: float, collectives: int = 1) -> float:
+        """Time of `collectives` collectives moving `bus_bytes` over each GPU's link in all."""
+        return collectives * self.latency_s + bus_bytes / self.bus_bytes_per_s
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "bus_gb_per_s": round(self.bus_bytes_per_s / 1e9, 2),
+                "latency_us": round(self.latency_s * 1e6, 1)}
+
+
+# PyTorch DDP's gradient buckets (torch.nn.parallel.DistributedDataParallel bucket_cap_mb, default 25).
+DDP_BUCKET_BYTES = 25 * 2**20
+
+
+def peer_to_peer(gpu: Gpu) -> bool:
+    """Whether NCCL can move data between two of these cards directly: over NVLink, or PCIe peer-to-peer. NVIDIA's
+    driver does not enable PCIe peer-to-peer on GeForce cards (docs/research/collective-bandwidth.md: RTX 4090 with
+    P2P disabled, RTX 2080 Ti "not supported"), so their collectives go through host memory."""
+    return not (gpu.interconnect == "pcie" and "geforce" in gpu.name.lower())
+
+
+def collective_link(gpu: Gpu, gpu_count: int, constants: ThroughputConstants,
+                    internode_gb_per_s: float | None = None) -> Link:
+    """One direction of the card's interconnect (`gpus.csv` gives both directions) at the fraction of it that NCCL's
+    bus bandwidth reaches (a smaller one through host memory, for cards without peer-to-peer); past one node, each
+    GPU's share of the node's network where that is slower."""
+    latency = constants.get("collective_latency_us") * 1e-6
+    nccl = constants.get("communication_efficiency")
+    direct = peer_to_peer(gpu)
+    bus = gpu.interconnect_gb_per_s / 2 * (nccl if direct else constants.get("host_route_efficiency"))
+    name = (f"{gpu.interconnect} ({gpu.interconnect_gb_per_s:g} GB/s both directions)" if direct else
+            f"pcie through host memory, no peer-to-peer ({gpu.interconnect_gb_per_s:g} GB/s both directions)")
+    if gpu_count > GPUS_PER_NODE and internode_gb_per_s is not None and \
+            internode_gb_per_s / GPUS_PER_NODE * nccl < bus:
+        share = internode_gb_per_s / GPUS_PER_NODE
+        bus = share * nccl
+        name = f"network between nodes ({internode_gb_per_s:g} GB/s a node, {share:g} a GPU)"
+    return Link(name, bus * 1e9, latency)
+
+
+def exposed_communication(strategy: str, link: Link, *, gpu_count: int, layers: int, layer_param_bytes: float,
+                          trainable_bytes: float, compute_s: float, grad_accum: int, checkpointing: bool) -> float:
+    """Seconds of one optimizer step the collectives add, beyond what hides behind computation, for ring collectives
+    over `gpu_count` GPUs (a ring moves (n-1)/n of a reduce-scatter's or all-gather's bytes over each GPU's link, and
+    twice that for an all-reduce: nccl-tests' bus bandwidth). `compute_s` is the step's computation (all
+    micro-batches); a micro-batch's backward pass takes two thirds of it, three quarters with checkpointing (the
+    recomputed forward pass)."""
+    ring = (gpu_count - 1) / gpu_count
+    per_micro_batch = compute_s / grad_accum
+    backward = per_micro_batch * (3 / 4 if checkpointing else 2 / 3)
+    forward = per_micro_batch - backward
+    if strategy == "ddp":
+        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
+        reduce = link.seconds(2 * ring * trainable_bytes, buckets)
+        last = link.seconds(2 * ring * min(trainable_bytes, DDP_BUCKET_BYTES))
+        return last + max(0.0, reduce - last - backward)
+    if strategy == "zero2":
+        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
+        scatter = link.seconds(ring * trainable_bytes, buckets)
+        last = link.seconds(ring * min(trainable_bytes, DDP_BUCKET_BYTES))
+        return grad_accum * (last + max(0.0, scatter - last - backward)) + link.seconds(ring * trainable_bytes)
+    gather = link.seconds(ring * layer_param_bytes)
+    scatter = link.seconds(ring * trainable_bytes / layers)
+    per_layer_forward, per_layer_backward = forward / layers, backward / layers
+    exposed = (gather + (layers - 1) * max(0.0, gather - per_layer_forward)
+               + scatter + (layers - 1) * max(0.0, gather + scatter - per_layer_backward))
+    return grad_accum * exposed
 
 
 def _depth(pair: ProfilePair, pick: Any) -> float:
@@ -291,25 +374,15 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
         offload_s = max(0.0, grad_accum * 2 * offloaded_activation_bytes / pcie - compute_s)
 
     communication_s = 0.0
+    link = None
     if gpu_count > 1:
-        per_gpu_gb_per_s = gpu.interconnect_gb_per_s / 2
-        if gpu_count > GPUS_PER_NODE and internode_gb_per_s is not None:
-            per_gpu_gb_per_s = min(per_gpu_gb_per_s, internode_gb_per_s / GPUS_PER_NODE)
-        link = per_gpu_gb_per_s * 1e9 * constants.get("communication_efficiency")
-        ring = (gpu_count - 1) / gpu_count
-        grads = trainable * param_bytes
-        if spec.gpus.strategy == "ddp":
-            exposed = 2 * ring * grads / link - compute_s * 2 / 3  # hidden behind the backward pass
-        elif spec.gpus.strategy == "zero2":
-            # gradients reduce-scattered behind the backward pass; updated parameters all-gathered after the
-            # sharded optimizer step, with nothing to hide behind
-            exposed = max(0.0, ring * grads / link - compute_s * 2 / 3) + ring * grads / link
-        else:
-            params = _depth(pair, lambda p: p.facts.layer_bytes) * pair.layers
-            exposed = (2 * ring * params * grad_accum + ring * grads) / link - compute_s
-        communication_s = max(0.0, exposed)
+        link = collective_link(gpu, gpu_count, constants, internode_gb_per_s)
+        communication_s = exposed_communication(
+            spec.gpus.strategy, link, gpu_count=gpu_count, layers=pair.layers,
+            layer_param_bytes=_depth(pair, lambda p: p.facts.layer_bytes), trainable_bytes=trainable * param_bytes,
+            compute_s=compute_s, grad_accum=grad_accum, checkpointing=grad_checkpointing)
     return StepTime(compute_s, dequantize_s, dispatch_s, optimizer_s, communication_s, offload_s,
-                    tokens * grad_accum)
+                    tokens * grad_accum, link)
 
 
 def _optimizer_seconds(spec: RunSpec, pair: ProfilePair, rates: _Rates, work: dict[str, float], trainable: float,

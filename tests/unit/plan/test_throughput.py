@@ -120,3 +120,60 @@ def test_evaluation_is_a_fraction_of_a_training_step(catalog) -> None:
     training, spec, pair = step(catalog, method="full", config=WIDE)  # wide enough that the GPU's work sets the pace
     forward = forward_seconds(spec, pair, catalog.gpus.get("h100-sxm"), catalog.throughput, micro_batch=4, seq=1024)
     assert 0.25 * training.compute_s < forward < 0.5 * training.compute_s
+
+
+def test_exposed_communication_counts_what_cannot_hide_behind_computation() -> None:
+    """Each engine's collectives against the arithmetic they stand for, on a link of 10 GB/s with no latency."""
+    from tunecast.plan.throughput import DDP_BUCKET_BYTES, Link, exposed_communication
+
+    link = Link("test", 10e9, 0.0)
+    grads = 4 * DDP_BUCKET_BYTES  # four buckets
+    ring = 1 / 2  # 2 GPUs
+    reduce, last = 2 * ring * grads / 10e9, 2 * ring * DDP_BUCKET_BYTES / 10e9
+
+    def ddp(compute_s: float, accum: int) -> float:
+        return exposed_communication("ddp", link, gpu_count=2, layers=4, layer_param_bytes=0.0,
+                                     trainable_bytes=grads, compute_s=compute_s, grad_accum=accum, checkpointing=False)
+
+    assert ddp(100.0, 1) == pytest.approx(last)  # all but the last bucket behind the backward pass
+    assert ddp(0.0, 1) == pytest.approx(reduce)  # nothing to hide behind
+    # with accumulation only the last micro-batch's backward pass hides it: 4 micro-batches of 0.006 s, 0.004 of
+    # backward each (the step's whole backward, 0.016 s, would hide it all)
+    assert ddp(4 * 0.006, 4) == pytest.approx(last + (reduce - last - 0.004))
+    assert reduce - last > 0.004
+
+    layer, trained = 1e9, 4e8  # 0.05 s to gather a layer over 2 GPUs, 0.005 s to reduce-scatter its gradients
+    gather, scatter = ring * layer / 10e9, ring * trained / 4 / 10e9
+
+    def fsdp(compute_s: float, accum: int, checkpointing: bool = False) -> float:
+        return exposed_communication("fsdp", link, gpu_count=2, layers=4, layer_param_bytes=layer,
+                                     trainable_bytes=trained, compute_s=compute_s, grad_accum=accum,
+                                     checkpointing=checkpointing)
+
+    # each layer's gather behind the previous layer's computation: the first gather of the forward pass and the last
+    # reduce-scatter of the backward pass are exposed
+    assert fsdp(100.0, 1) == pytest.approx(gather + scatter)
+    assert fsdp(100.0, 3) == pytest.approx(3 * (gather + scatter))  # gathered again for every micro-batch
+    assert fsdp(0.0, 1) == pytest.approx(7 * gather + 4 * scatter)  # nothing to hide behind
+    # a layer's forward takes 0.01 s, its backward 0.02 (0.015 with checkpointing's recomputed forward in it)
+    assert fsdp(0.12, 1) == pytest.approx(gather + 3 * (gather - 0.01) + scatter + 3 * (gather + scatter - 0.02))
+    assert fsdp(0.08, 1, checkpointing=True) == pytest.approx(
+        gather + 3 * (gather - 0.005) + scatter + 3 * (gather + scatter - 0.015))
+
+
+def test_the_link_of_cards_without_peer_to_peer_goes_through_host_memory(catalog) -> None:
+    from tunecast.plan.throughput import collective_link
+
+    constants = catalog.throughput
+    geforce, nvlink = catalog.gpus.get("rtx-4090"), catalog.gpus.get("a100-80gb")
+    through_host = collective_link(geforce, 2, constants)
+    assert "through host memory" in through_host.name
+    assert through_host.bus_bytes_per_s == pytest.approx(
+        geforce.interconnect_gb_per_s / 2 * 1e9 * constants.get("host_route_efficiency"))
+    direct = collective_link(nvlink, 8, constants)
+    assert direct.bus_bytes_per_s == pytest.approx(
+        nvlink.interconnect_gb_per_s / 2 * 1e9 * constants.get("communication_efficiency"))
+    assert direct.latency_s == pytest.approx(constants.get("collective_latency_us") * 1e-6)
+    two_nodes = collective_link(nvlink, 16, constants, internode_gb_per_s=400.0)  # 50 GB/s a GPU: slower
+    assert "network between nodes" in two_nodes.name and two_nodes.bus_bytes_per_s == pytest.approx(
+        50e9 * constants.get("communication_efficiency"))
