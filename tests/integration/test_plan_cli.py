@@ -61,6 +61,7 @@ def test_plan_table_and_recommendations(cli, model) -> None:
     assert result.code == 0, result.stderr
     assert "Runs ranked by hours" in result.stdout and "Cheapest:" in result.stdout
     assert "1×h100-sxm" in result.stdout
+    assert " comm " in result.stdout  # the share of a step the GPUs' communication adds (blank on one GPU)
 
 
 def test_a_plan_without_a_dataset_size_names_the_field(cli, model) -> None:

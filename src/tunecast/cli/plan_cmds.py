@@ -107,8 +107,8 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced; ★ = Pareto front of "
                   "cost and time)", title_justify="left")
     columns = [("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"), ("$/h", "right"),
-               ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("tok/s", "right"), ("hours", "right"),
-               ("total", "right")] + ([("basis", "left")] if calibrated else [])
+               ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("tok/s", "right"), ("comm", "right"),
+               ("hours", "right"), ("total", "right")] + ([("basis", "left")] if calibrated else [])
     for heading, justify in columns:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     shown = priced[:top] + unpriced[:UNPRICED_SHOWN]
@@ -121,7 +121,8 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
                       escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "", rate,
                       f"{option['micro_batch']}×{option['grad_accum']}",
                       "yes" if option["grad_checkpointing"] else "", f"{option['device_total_gib']:.1f}",
-                      f"{option['tokens_per_second']:,.0f}", f"{option['hours']:.1f}" if option["hours"] >= 0.05
+                      f"{option['tokens_per_second']:,.0f}", _comm_text(option),
+                      f"{option['hours']:.1f}" if option["hours"] >= 0.05
                       else f"{option['hours'] * 60:.1f} min",
                       f"${option['total_usd']:,.2f}" if cost else "no price",
                       *([option["basis"]] if calibrated else []))
@@ -146,6 +147,15 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
         out.print(f"• {escape(line)}")
     if document["filtered_out"]:
         out.print(f"[dim]{document['filtered_out']} option(s) over the budget or the deadline left out.[/]")
+
+
+def _comm_text(option: dict[str, Any]) -> str:
+    """The share of an option's step that its GPUs' communication adds (what computation does not hide); blank on
+    one GPU."""
+    if option.get("comm_link") is None or not option.get("step_s"):
+        return ""
+    share = option["exposed_comm_s"] / option["step_s"]
+    return f"{share:.1%}" if share < 0.095 else f"{share:.0%}"
 
 
 def breakeven_command(

@@ -112,6 +112,7 @@ class Option:
             "peak_reserved_gib": round(c.memory.peak_reserved_gib, 2) if c else None,
             "device_total_gib": round(c.memory.device_total_gib, 2) if c else None,
             "least_device_total_gib": round(c.memory.least_device_total_gib, 2) if c else None,
+            "step_s": round(c.step.total_s, 6) if c else None,
             "exposed_comm_s": round(c.step.communication_s, 6) if c else None,
             "comm_link": c.step.link.as_dict() if c and c.step.link is not None else None,
             "tokens_per_second": round(c.tokens_per_second, 1) if c else None,
