@@ -173,15 +173,20 @@ def _depth_reserve(pair: ProfilePair, shallow: Replay, deeper: Replay) -> Fracti
     return b + Fraction(b - a) * (pair.layers - depth_b) / (depth_b - depth_a)
 
 
-def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int,
-              reserve: bool = True) -> StepMemory:
-    """Replay both depths and extrapolate every figure to the full depth. The reserve is the one simulated
-    at this shape; without `reserve` none is simulated (0: `estimate_memory` takes the ladder's where the
-    profiles sweep shapes)."""
-    blocks = (workspace,) if cuda and workspace else ()
-    shallow = replays.replayed(pair, "shallow", batch, seq, cuda=cuda, blocks=blocks, reserve=reserve)
+def _copies(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, blocks: tuple[int, ...]) -> tuple[Replay, Replay]:
+    """The replays of the pair's shallow and deeper copies at (batch, seq) (one, where the pair has one copy)."""
+    shallow = replays.replayed(pair, "shallow", batch, seq, cuda=cuda, blocks=blocks)
     deeper = shallow if pair.deeper is pair.shallow else replays.replayed(pair, "deeper", batch, seq, cuda=cuda,
-                                                                          blocks=blocks, reserve=reserve)
+                                                                          blocks=blocks)
+    return shallow, deeper
+
+
+def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace: int) -> StepMemory:
+    """Replay both depths and extrapolate every figure to the full depth. The reserve is the one simulated at this
+    shape (`estimate_memory` takes the ladder's instead where the profiles sweep shapes), and what the segments
+    holding a live block keep beyond the peak."""
+    blocks = (workspace,) if cuda and workspace else ()
+    shallow, deeper = _copies(pair, batch, seq, cuda=cuda, blocks=blocks)
 
     def at_depth(pick: Any) -> float:
         return _extrapolate(pick(shallow), pick(deeper), pair.shallow.layers, pair.deeper.layers, pair.layers)
@@ -193,16 +198,13 @@ def _replayed(pair: ProfilePair, batch: int, seq: int, *, cuda: bool, workspace:
             memory.breakdown[category] = max(0.0, at_depth(lambda r, c=category, p=phase: r.phases[p].breakdown[c]))
         memory.breakdown["overhead"] = float(shallow.extra_allocated)
         phases[phase] = memory
-    if not (cuda and reserve):
+    if not cuda:
         return StepMemory(phases, 0.0)
     pinned = float(_pinned_beyond_peak(shallow, deeper))
     if pair.stand_in is None:
         return StepMemory(phases, float(_depth_reserve(pair, shallow, deeper)), pinned)
-    rest = pair.stand_in
-    rest_shallow = replays.replayed(rest, "shallow", batch, seq, cuda=cuda, blocks=blocks)
-    rest_deeper = rest_shallow if rest.deeper is rest.shallow else replays.replayed(rest, "deeper", batch, seq,
-                                                                                   cuda=cuda, blocks=blocks)
-    return StepMemory(phases, float(_composed_reserve(pair, shallow, deeper, rest_shallow, rest_deeper)), pinned)
+    rest = _copies(pair.stand_in, batch, seq, cuda=cuda, blocks=blocks)
+    return StepMemory(phases, float(_composed_reserve(pair, shallow, deeper, *rest)), pinned)
 
 
 def _pinned_beyond_peak(shallow: Replay, deeper: Replay) -> int:
@@ -537,8 +539,8 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
-                 workspace: int, checkpointing: bool, reserve: bool = True) -> StepMemory:
-    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace, reserve=reserve)
+                 workspace: int, checkpointing: bool) -> StepMemory:
+    step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
     _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers, tokens=batch * seq,
                     cuda=cuda, checkpointing=checkpointing)
     return step
@@ -613,16 +615,10 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     try:
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
-        swept = cuda and pair.exact_shape is None  # reserved comes from the ladder: not simulated at this shape
         step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing, reserve=not swept)
-        if swept:
+                            checkpointing=settings.grad_checkpointing)
+        if cuda and pair.exact_shape is None:  # profiles that sweep shapes: reserved by the ladder rule
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
-            blocks = (workspace,) if workspace else ()
-            shallow = replays.replayed(pair, "shallow", batch, seq, cuda=True, blocks=blocks)
-            deeper = shallow if pair.deeper is pair.shallow else replays.replayed(pair, "deeper", batch, seq,
-                                                                                  cuda=True, blocks=blocks)
-            step.pinned_bytes = float(_pinned_beyond_peak(shallow, deeper))
         traced_at = pair.exact_shape
         composed = (pair.origin or "").startswith("composed")
     except TracingUnavailable as reason:

@@ -134,16 +134,19 @@ def exposed_communication(strategy: str, link: Link, *, gpu_count: int, layers: 
     per_micro_batch = compute_s / grad_accum
     backward = per_micro_batch * (3 / 4 if checkpointing else 2 / 3)
     forward = per_micro_batch - backward
+
+    def bucketed(share: float) -> float:
+        """Gradients reduced in buckets as the backward pass fills them, `share` of their bytes over each link: what
+        the backward pass does not hide, and the last bucket, which only starts once it ends."""
+        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
+        whole = link.seconds(share * trainable_bytes, buckets)
+        last = link.seconds(share * min(trainable_bytes, DDP_BUCKET_BYTES))
+        return last + max(0.0, whole - last - backward)
+
     if strategy == "ddp":
-        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
-        reduce = link.seconds(2 * ring * trainable_bytes, buckets)
-        last = link.seconds(2 * ring * min(trainable_bytes, DDP_BUCKET_BYTES))
-        return last + max(0.0, reduce - last - backward)
+        return bucketed(2 * ring)  # an all-reduce
     if strategy == "zero2":
-        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
-        scatter = link.seconds(ring * trainable_bytes, buckets)
-        last = link.seconds(ring * min(trainable_bytes, DDP_BUCKET_BYTES))
-        return grad_accum * (last + max(0.0, scatter - last - backward)) + link.seconds(ring * trainable_bytes)
+        return grad_accum * bucketed(ring) + link.seconds(ring * trainable_bytes)  # reduce-scatters, one all-gather
     gather = link.seconds(ring * layer_param_bytes)
     scatter = link.seconds(ring * trainable_bytes / layers)
     per_layer_forward, per_layer_backward = forward / layers, backward / layers

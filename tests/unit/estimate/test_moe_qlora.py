@@ -5,6 +5,7 @@ the libraries). The estimate counts them so and says it first; the plan says it 
 from __future__ import annotations
 
 from datetime import date
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,16 @@ from tunecast.plan.report import PlanRequest, make_plan
 MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 
 
+def frozen_bytes(config: dict[str, Any], unquantized: int) -> float:
+    """A Mixtral QLoRA's frozen weights, term by term from its config: the attention's Linear weights in NF4 (half a
+    byte), the experts and router, the embeddings and head and the norms in `unquantized` bytes each."""
+    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    attention = layers * (2 * h * h + 2 * h * kv)
+    return (unquantized * unquantized_numel(config) + attention / 2 + unquantized * (2 * vocab * h)
+            + unquantized * (2 * layers + 1) * h)
+
+
 def test_mixtral_qlora_weights_are_bf16_experts_and_nf4_attention(catalog) -> None:  # type: ignore[no-untyped-def]
     """The frozen weights of Mixtral-8x7B QLoRA, term by term from its config: experts and router in bf16 (2 bytes),
     the attention's Linear weights in NF4 (half a byte), embeddings, head and norms in bf16."""
@@ -25,11 +36,7 @@ def test_mixtral_qlora_weights_are_bf16_experts_and_nf4_attention(catalog) -> No
                                    "seq_len": 512})
     estimate = estimate_memory(spec, config, device="cuda", gpu=catalog.gpus.get("h100-sxm"),
                                overheads=catalog.overheads)
-    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
-    attention = layers * (2 * h * h + 2 * h * kv)
-    expected = 2 * unquantized_numel(config) + attention / 2 + 2 * (2 * vocab * h) + 2 * (2 * layers + 1) * h
-    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(expected, rel=1e-6)
+    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(frozen_bytes(config, 2), rel=1e-6)
     assert estimate.notes[0].startswith("QLoRA leaves the experts in bf16, not NF4: 45.10 B expert and router weights")
 
 
@@ -55,10 +62,6 @@ def test_a_runner_whose_qlora_casts_the_experts_to_fp32_counts_them_in_fp32(cata
     spec = apply_runner(RunSpec.model_validate({"model": MIXTRAL, "method": "qlora", "runner": "hf-trainer",
                                                 "precision": "bf16", "micro_batch": 1, "seq_len": 512}))
     estimate = estimate_memory(spec, config, device="cuda", gpu=None, overheads=catalog.overheads)
-    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
-    attention = layers * (2 * h * h + 2 * h * kv)
-    expected = 4 * unquantized_numel(config) + attention / 2 + 4 * (2 * vocab * h) + 4 * (2 * layers + 1) * h
-    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(expected, rel=1e-6)
+    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(frozen_bytes(config, 4), rel=1e-6)
     assert estimate.notes[0].startswith("QLoRA leaves the experts in fp32, not NF4")
     assert "prepare_model_for_kbit_training then casts them to fp32" in estimate.notes[0]
