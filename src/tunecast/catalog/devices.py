@@ -22,7 +22,12 @@ The quantities (the probe's docstring says how each is measured):
 * `optimizer` (ns per parameter) of one AdamW step over large tensors, shape `fused` or `foreach`, and
   `optimizer_tensor` (µs per tensor, same shapes) over many small ones;
 * `bnb_4bit_call` (µs per call) and `bnb_4bit_dequantize` (ns per weight), shape `nf4`, per compute dtype, of
-  a bitsandbytes 4-bit linear layer on a handful of tokens, where bitsandbytes is installed.
+  a bitsandbytes 4-bit linear layer on a handful of tokens, where bitsandbytes is installed;
+* from `tunecast probe --collectives` (plan/collectives.py says how): `all_reduce`, `all_gather` and
+  `reduce_scatter` (µs per call), shape `NxS` (N processes, a message of S bytes: nccl-tests' size, the whole
+  array), and their fit `collective_bus_bandwidth` (GB/s) and `collective_latency` (µs), shape `COLLECTIVE:N`:
+  time = latency + S × the collective's bus factor ÷ bus bandwidth. A probe of N processes replaces the
+  collective rows of N only; the device probe keeps them.
 
 A device row whose name is a catalog GPU's alias lends its figures to that GPU; `--gpu local` is the device
 probed on this host.
@@ -34,6 +39,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Literal
 
@@ -50,9 +56,14 @@ MEASUREMENTS_FILE = "device_measurements.csv"
 # memory on a CPU (train/host_memory.py); rows of it in a user's catalog still load, and nothing reads them.
 Quantity = Literal["matmul", "matmul_forward", "matmul_input_grad", "matmul_weight_grad", "attention", "bandwidth",
                    "elementwise", "random", "transcendental", "first_touch", "op_overhead", "optimizer",
-                   "optimizer_tensor", "bnb_4bit_call", "bnb_4bit_dequantize"]
+                   "optimizer_tensor", "bnb_4bit_call", "bnb_4bit_dequantize", "all_reduce", "all_gather",
+                   "reduce_scatter", "collective_bus_bandwidth", "collective_latency"]
 # A Linear layer's three products: x·Wᵀ forward, g·W for the input gradient, gᵀ·x for the weight gradient.
 PRODUCTS = ("forward", "input_grad", "weight_grad")
+# The collectives `tunecast probe --collectives` times (their torch.distributed names, without `_tensor`), and the
+# quantities of its rows.
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+COLLECTIVE_QUANTITIES = (*COLLECTIVES, "collective_bus_bandwidth", "collective_latency")
 
 
 class DeviceRow(CatalogRow):
@@ -94,6 +105,37 @@ class MatmulPoint:
 
 
 @dataclass(frozen=True)
+class MeasuredLink:
+    """The link between `processes` devices of one machine as `tunecast probe --collectives` measured it: the
+    slowest of its three collectives' fitted bus bandwidths and the longest of their latencies, so that no
+    engine's collectives (DDP's all-reduce, ZeRO's and FSDP's all-gather and reduce-scatter) are planned faster
+    than measured."""
+
+    processes: int
+    kind: str  # cuda (NCCL between GPUs) or cpu (gloo between processes)
+    bus_gb_per_s: float
+    latency_us: float
+    as_of: date
+
+
+def timing_shape(processes: int, size_bytes: int) -> str:
+    """Shape of a collective's timing row: `NxS`."""
+    return f"{processes}x{size_bytes}"
+
+
+def fit_shape(collective: str, processes: int) -> str:
+    """Shape of a collective's fitted rows: `COLLECTIVE:N`."""
+    return f"{collective}:{processes}"
+
+
+def collective_processes(row: MeasurementRow) -> int:
+    """How many processes a collective row was measured on."""
+    if row.quantity in COLLECTIVES:
+        return int(row.shape.split("x", 1)[0])
+    return int(row.shape.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True)
 class DeviceFigures:
     """A device's measured figures, looked up by what the throughput model asks."""
 
@@ -116,6 +158,27 @@ class DeviceFigures:
                 m, k, n = (int(part) for part in row.shape.split("x"))
                 points.append(MatmulPoint(m, math.sqrt(k * n), row.value, math.sqrt(k * n) / min(k, n)))
         return points
+
+    def collective_counts(self) -> list[int]:
+        """The process counts `tunecast probe --collectives` measured on this device, ascending."""
+        return sorted({collective_processes(row) for row in self.rows if row.quantity == "collective_bus_bandwidth"})
+
+    def measured_link(self, count: int) -> MeasuredLink | None:
+        """The link of `count` devices as measured: on the fewest measured that are at least `count` (the devices
+        of a smaller run are a subset of the measured ones and share their links; bus bandwidth is nccl-tests'
+        figure that compares across counts). None when no probe measured that many: more devices than measured may
+        cross links the probe never used (a third GPU off an NVLink pair goes through PCIe)."""
+        counts = [measured for measured in self.collective_counts() if measured >= count]
+        if not counts:
+            return None
+        shapes = [fit_shape(collective, counts[0]) for collective in COLLECTIVES]
+        fitted = [row for row in self.rows if row.quantity in ("collective_bus_bandwidth", "collective_latency")
+                  and row.shape in shapes]
+        bus = [row.value for row in fitted if row.quantity == "collective_bus_bandwidth"]
+        latency = [row.value for row in fitted if row.quantity == "collective_latency"]
+        if len(bus) != len(COLLECTIVES) or len(latency) != len(COLLECTIVES):
+            return None  # a hand-edited table missing a collective: not a measurement of all three
+        return MeasuredLink(counts[0], self.device.kind, min(bus), max(latency), min(row.as_of for row in fitted))
 
     def dtypes(self, quantity: str = "matmul") -> set[str]:
         return {row.dtype for row in self.rows if row.quantity == quantity}
@@ -246,12 +309,30 @@ def read_devices(directory: Path | None) -> tuple[list[DeviceRow], list[Measurem
 
 def merge_device(directory: Path, device: DeviceRow, rows: Iterable[MeasurementRow]) -> None:
     """Add a probe to the catalog directory, replacing an earlier probe of the same device on the same host."""
-    from tunecast.atomic import write_text_atomic
-
     devices, measurements = read_devices(directory)
     devices = [d for d in devices if (d.slug, d.host) != (device.slug, device.host)] + [device]
     keep = {d.slug for d in devices if d.slug != device.slug}
-    measurements = [m for m in measurements if m.device in keep] + list(rows)
+    # the collectives were measured apart (`tunecast probe --collectives`): a new device probe keeps them
+    measurements = [m for m in measurements if m.device in keep or (m.device == device.slug and
+                                                                    m.quantity in COLLECTIVE_QUANTITIES)]
+    _write_devices(directory, devices, measurements + list(rows))
+
+
+def merge_collectives(directory: Path, device: DeviceRow, processes: int, rows: Iterable[MeasurementRow]) -> None:
+    """Add a collective probe of `processes` processes to the catalog directory: it replaces the collective rows
+    of an earlier one of as many processes on the device, and keeps everything else; the device's row is added
+    when no probe of it on this host is there yet."""
+    devices, measurements = read_devices(directory)
+    if not any((d.slug, d.host) == (device.slug, device.host) for d in devices):
+        devices.append(device)
+    measurements = [m for m in measurements if not (m.device == device.slug and m.quantity in COLLECTIVE_QUANTITIES
+                                                    and collective_processes(m) == processes)]
+    _write_devices(directory, devices, measurements + list(rows))
+
+
+def _write_devices(directory: Path, devices: list[DeviceRow], measurements: list[MeasurementRow]) -> None:
+    from tunecast.atomic import write_text_atomic
+
     write_text_atomic(directory / DEVICES_FILE, write_rows(devices, DEVICE_COLUMNS))
     write_text_atomic(directory / MEASUREMENTS_FILE, write_rows(measurements, MEASUREMENT_COLUMNS))
 
@@ -300,10 +381,14 @@ def with_measured(gpus: dict[str, Gpu], directory: Path | None) -> dict[str, Gpu
     if not devices:
         return gpus
     figures = figures_by_slug(devices, rows)
-    here = [f for f in figures.values() if f.device.host == this_host()]
+    # a device the catalog does not list whose collectives alone were measured (`tunecast probe --collectives`)
+    # has nothing to plan its computation on until `tunecast probe` measures it
+    plannable = {slug: found for slug, found in figures.items()
+                 if found.has("matmul") or (found.device.kind == "cuda" and slug in gpus)}
+    here = [f for f in plannable.values() if f.device.host == this_host()]
     local = max(here, key=lambda f: (f.device.kind == "cuda", f.device.as_of)) if here else None
     merged = dict(gpus)
-    for slug, found in figures.items():
+    for slug, found in plannable.items():
         catalog_gpu = gpus.get(slug) if found.device.kind == "cuda" else None
         merged[slug] = as_gpu(found, catalog_gpu, local=found is local)
     return merged

@@ -25,24 +25,38 @@ def probe_command(
     ctx: typer.Context,
     device: Annotated[str | None, typer.Option("--device", help="cuda or cpu (default: the GPU when there is one).")]
     = None,
+    collectives: Annotated[bool, typer.Option("--collectives", help="Measure all-reduce, all-gather and "
+                                              "reduce-scatter between this machine's GPUs instead (torch.distributed, "
+                                              "NCCL; gloo between processes with --device cpu): their bus bandwidth "
+                                              "and latency become the plan's link for --gpu local.")] = False,
+    gpus: Annotated[int | None, typer.Option("--gpus", help="With --collectives: how many GPUs (default: every "
+                                             "visible one), or processes with --device cpu (default 2).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Measure this machine's device in under a minute — matmul rates at small and large shapes, memory
     bandwidth, attention, the host's cost per eager operation, the optimizer step, bitsandbytes' 4-bit layer —
-    and save them in the user catalog. `plan --gpu local` and `memory --gpu local` then use them."""
+    and save them in the user catalog. `plan --gpu local` and `memory --gpu local` then use them. With
+    --collectives, the collectives between its GPUs instead, for the plan's communication."""
     from tunecast.catalog.devices import DEVICES_FILE, merge_device
     from tunecast.catalog.store import load_catalog
     from tunecast.catalog.user import user_catalog_dir
-    from tunecast.plan.probe import run_probe
 
     if device not in (None, "cpu", "cuda"):
         raise TunecastError(f"unknown device {device!r}", field="--device", hint="use --device cuda or --device cpu")
+    if gpus is not None and not collectives:
+        raise TunecastError("--gpus counts the devices of --collectives; the device probe measures one",
+                            field="--gpus", hint="add --collectives, or leave --gpus out")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise TunecastError("no CUDA device is available to PyTorch", field="--device",
                                 hint="probe the CPU (--device cpu), or install a CUDA build of torch")
+    if collectives:
+        probe_collectives(ctx, device, gpus, json_output)
+        return
+    from tunecast.plan.probe import run_probe
+
     catalog = state(ctx).catalog()
     with err.status("Probing…") as status:
         result = run_probe(catalog.gpus, device=device, progress=lambda what: status.update(f"Probing: {what}"))
@@ -67,6 +81,66 @@ def probe_command(
     out.print(table)
     out.print(f"Measured in {result.seconds:.0f} s; saved as device [bold]{row.slug}[/] in "
               f"{escape(str(directory / DEVICES_FILE))}. Plan on it with [bold]--gpu local[/].")
+
+
+def probe_collectives(ctx: typer.Context, device: str | None, gpus: int | None, json_output: bool) -> None:
+    """`tunecast probe --collectives`: time the collectives, save them on the device's row, show them."""
+    from tunecast.catalog.devices import MEASUREMENTS_FILE, merge_collectives, read_devices
+    from tunecast.catalog.store import load_catalog
+    from tunecast.catalog.user import user_catalog_dir
+    from tunecast.plan.collectives import bus_factor, run_collective_probe
+
+    catalog = state(ctx).catalog()
+    with err.status("Probing collectives…") as status:
+        result = run_collective_probe(catalog.gpus, device=device, processes=gpus,
+                                      progress=lambda what: status.update(f"Probing collectives: {what}"))
+    directory = user_catalog_dir(state(ctx).catalog_dir)
+    devices, _ = read_devices(directory)
+    merge_collectives(directory, result.device, result.processes, result.measurements)
+    load_catalog.cache_clear()
+    row, link = result.device, result.link
+    probed = any(d.slug == row.slug and d.host == row.host for d in devices)
+    unit = "GPUs" if row.kind == "cuda" else "processes"
+    if json_output:
+        print_json({"device": row.document(), "processes": result.processes, "backend": result.backend,
+                    "dtype": "fp32", "seconds": round(result.seconds, 1),
+                    "saved_to": str(directory / MEASUREMENTS_FILE),
+                    "timings": [t.document() for t in result.timings], "fits": [f.document() for f in result.fits],
+                    "link": {"processes": link.processes, "bus_gb_per_s": round(link.bus_gb_per_s, 4),
+                             "latency_us": round(link.latency_us, 2)},
+                    "measurements": [m.document() for m in result.measurements]})
+        return
+    out.print(f"[bold]{escape(row.name)}[/] · {result.processes} {unit} · {result.backend} · fp32 · "
+              f"torch {row.torch_version}")
+    table = Table(box=box.SIMPLE_HEAD)
+    for heading in ("collective", "size", "time µs", "algbw GB/s", "busbw GB/s"):
+        table.add_column(heading, justify="left" if heading == "collective" else "right")
+    for t in result.timings:
+        table.add_row(t.collective, _bytes(t.size_bytes), f"{t.seconds * 1e6:,.1f}", f"{t.algbw_gb_per_s:,.4g}",
+                      f"{t.busbw_gb_per_s:,.4g}")
+    out.print(table)
+    out.print("Fitted: time = latency + size × bus factor ÷ bus bandwidth")
+    fits = Table(box=box.SIMPLE_HEAD)
+    for heading in ("collective", "bus factor", "latency µs", "bus GB/s"):
+        fits.add_column(heading, justify="left" if heading == "collective" else "right")
+    for f in result.fits:
+        fits.add_row(f.collective, f"{bus_factor(f.collective, result.processes):g}", f"{f.latency_s * 1e6:,.1f}",
+                     f"{f.bus_bytes_per_s / 1e9:,.4g}")
+    out.print(fits)
+    out.print(f"Measured in {result.seconds:.0f} s; saved on device [bold]{row.slug}[/] in "
+              f"{escape(str(directory / MEASUREMENTS_FILE))}.")
+    out.print(f"A plan on [bold]--gpu local[/] with up to {result.processes} {unit} goes over the slowest of the "
+              f"three: {link.bus_gb_per_s:,.4g} GB/s of bus bandwidth, {link.latency_us:,.1f} µs a collective.")
+    if not probed and row.kind == "cpu":
+        err.print("[yellow]![/] no device probe of this CPU yet: run `tunecast probe` too, so that "
+                  "`--gpu local` can plan on it")
+
+
+def _bytes(size: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:g} {unit}"
+    return f"{size} B"
 
 
 @spec_command(without=("output",))

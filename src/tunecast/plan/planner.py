@@ -424,6 +424,9 @@ class Planner:
                 if internode is not None:
                     configured.notes.append(f"{count // GPUS_PER_NODE} nodes of {GPUS_PER_NODE}, "
                                             f"{internode:g} GB/s between nodes")
+                if is_cpu(gpu) and count > 1:
+                    configured.notes.append(f"{count} processes share one CPU: their collectives as measured, each "
+                                            "one's computation at the rates probed for the whole CPU (too fast)")
                 shape = self.run_shape(configured)
                 priced = False
                 for offer in (o for o in offers if o.gpu == gpu.slug
@@ -440,7 +443,7 @@ class Planner:
     def _shapes(self, gpu: Gpu, counts: list[int], offers: list[Offer]) -> Iterator[tuple[int, float | None]]:
         """(count, inter-node network) pairs to plan: one node as before; several nodes once per distinct network
         among the GPU's offers of whole 8-GPU nodes that publish one."""
-        for count in device_counts(gpu, counts):
+        for count in device_counts(gpu, counts, fixed=self.spec.fixed("gpus.count")):
             if count <= GPUS_PER_NODE:
                 yield count, None
                 continue
@@ -481,10 +484,13 @@ def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
     return {"engine": engine, "launcher": launcher, "nodes": nodes}
 
 
-def device_counts(gpu: Gpu, counts: list[int]) -> list[int]:
+def device_counts(gpu: Gpu, counts: list[int], *, fixed: bool = False) -> list[int]:
     """A measured device the catalog does not list (a CPU, an unlisted GPU) is planned at the count its machine
-    has; a catalog GPU at every count."""
+    has, or at the count the run fixes (`--gpus N`) where `tunecast probe --collectives` measured that many (on a
+    CPU: N processes sharing it); a catalog GPU at every count."""
     if from_probe(gpu):
+        if fixed and counts[0] in gpu.measured.collective_counts():
+            return counts
         return [gpu.measured.device.count]
     return counts
 

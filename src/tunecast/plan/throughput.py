@@ -107,14 +107,22 @@ def peer_to_peer(gpu: Gpu) -> bool:
 def collective_link(gpu: Gpu, gpu_count: int, constants: ThroughputConstants,
                     internode_gb_per_s: float | None = None) -> Link:
     """One direction of the card's interconnect (`gpus.csv` gives both directions) at the fraction of it that NCCL's
-    bus bandwidth reaches (a smaller one through host memory, for cards without peer-to-peer); past one node, each
-    GPU's share of the node's network where that is slower."""
+    bus bandwidth reaches (a smaller one through host memory, for cards without peer-to-peer), or what `tunecast
+    probe --collectives` measured between as many of these devices or more (`DeviceFigures.measured_link`); past
+    one node, each GPU's share of the node's network where that is slower."""
     latency = constants.get("collective_latency_us") * 1e-6
     nccl = constants.get("communication_efficiency")
     direct = peer_to_peer(gpu)
     bus = gpu.interconnect_gb_per_s / 2 * (nccl if direct else constants.get("host_route_efficiency"))
     name = (f"{gpu.interconnect} ({gpu.interconnect_gb_per_s:g} GB/s both directions)" if direct else
             f"pcie through host memory, no peer-to-peer ({gpu.interconnect_gb_per_s:g} GB/s both directions)")
+    measured = gpu.measured.measured_link(min(gpu_count, GPUS_PER_NODE)) if gpu.measured is not None else None
+    if measured is not None:
+        bus, latency = measured.bus_gb_per_s, measured.latency_us * 1e-6
+        devices = f"{measured.processes} GPUs (nccl" if measured.kind == "cuda" else \
+            f"{measured.processes} CPU processes (gloo"
+        name = f"measured by tunecast probe on {devices}, {measured.as_of})" + (
+            f", planned on {gpu_count}" if gpu_count < measured.processes else "")
     if gpu_count > GPUS_PER_NODE and internode_gb_per_s is not None and \
             internode_gb_per_s / GPUS_PER_NODE * nccl < bus:
         share = internode_gb_per_s / GPUS_PER_NODE
@@ -209,7 +217,7 @@ class _Rates:
         fp8 = spec.precision == "fp8" and gpu.fp8_tflops is not None
         element = 1 if fp8 else (2 if spec.precision != "fp32" else 4)
         figures: DeviceFigures | None = gpu.measured
-        if figures is not None:
+        if figures is not None and figures.has("matmul"):  # not a device measured by the collective probe alone
             return cls._measured(spec, figures, constants, element)
         efficiency = constants.matmul_efficiency(gpu)
         peak = (gpu.fp8_tflops if fp8 and gpu.fp8_tflops else gpu.bf16_tflops) * 1e12
