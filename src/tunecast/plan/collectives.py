@@ -271,9 +271,13 @@ def resolve_processes(device: str | None, processes: int | None) -> tuple[str, i
     kind = device or ("cuda" if cuda else "cpu")
     if kind == "cpu":
         return kind, processes or 2
-    if cuda < 2 or (processes or 0) > cuda:
-        raise TunecastError(f"{processes or 2} GPUs asked, {cuda} visible to PyTorch", field="--gpus",
-                            hint="probe the GPUs there are (--gpus N), or processes on the CPU (--device cpu)")
+    if cuda < 2:
+        raise TunecastError(f"a collective needs 2 GPUs at least; PyTorch sees {cuda}", field="--device",
+                            hint="probe processes sharing the CPU instead (--device cpu), or run it where there are "
+                                 "several GPUs")
+    if processes is not None and processes > cuda:
+        raise TunecastError(f"--gpus {processes}: PyTorch sees {cuda} GPUs", field="--gpus",
+                            hint=f"give --gpus {cuda} or fewer, or leave it out to probe all {cuda}")
     return kind, processes or cuda
 
 
