@@ -262,11 +262,11 @@ def run_workers(processes: int, kind: str, sizes: Sequence[int], scratch: Path, 
 
 def resolve_processes(device: str | None, processes: int | None) -> tuple[str, int]:
     """The device kind and process count to probe: every CUDA GPU by default, else 2 processes on the CPU."""
-    import torch  # here: checking the arguments needs no torch when they are wrong on their face
-
     if processes is not None and processes < 2:
         raise TunecastError(f"--gpus {processes}: a collective needs 2 processes at least", field="--gpus",
                             hint="give --gpus 2 or more (on a CPU: processes sharing it)")
+    import torch  # only past the check above: a count wrong on its face is refused without loading torch
+
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     kind = device or ("cuda" if cuda else "cpu")
     if kind == "cpu":

@@ -24,7 +24,8 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   bytes, its per-parameter kernels counted among the traced step's dispatches;
 * activation offload: saved activations to CPU RAM and back over PCIe, overlapped with compute;
 * several GPUs: each collective of the engine over the link between the GPUs (`collective_link`: one direction
-  of the card's interconnect at the bus bandwidth NCCL reaches, or each GPU's share of the network between nodes),
+  of the card's interconnect at the bus bandwidth NCCL reaches, or the bus bandwidth and latency `tunecast probe
+  --collectives` measured between as many of the devices or more, or each GPU's share of the network between nodes),
   a fixed latency per collective plus its bytes, and only what cannot hide behind computation counted
   (`exposed_communication`): DDP's bucketed all-reduce of gradients behind the backward pass of the last
   micro-batch (the others accumulate without syncing), its last bucket after it; ZeRO-2's reduce-scatter of each
@@ -119,9 +120,10 @@ def collective_link(gpu: Gpu, gpu_count: int, constants: ThroughputConstants,
     measured = gpu.measured.measured_link(min(gpu_count, GPUS_PER_NODE)) if gpu.measured is not None else None
     if measured is not None:
         bus, latency = measured.bus_gb_per_s, measured.latency_us * 1e-6
-        devices = f"{measured.processes} GPUs (nccl" if measured.kind == "cuda" else \
-            f"{measured.processes} CPU processes (gloo"
-        name = f"measured by tunecast probe on {devices}, {measured.as_of})" + (
+        cuda = measured.kind == "cuda"
+        devices, backend = (f"{measured.processes} GPUs", "nccl") if cuda else \
+            (f"{measured.processes} CPU processes", "gloo")
+        name = f"measured by tunecast probe on {devices} ({backend}, {measured.as_of})" + (
             f", planned on {gpu_count}" if gpu_count < measured.processes else "")
     if gpu_count > GPUS_PER_NODE and internode_gb_per_s is not None and \
             internode_gb_per_s / GPUS_PER_NODE * nccl < bus:
