@@ -7,7 +7,7 @@ from collections.abc import Callable
 from tunecast.catalog.models import ModelConfig
 from tunecast.catalog.store import Catalog
 from tunecast.config.runner import version_problem
-from tunecast.config.spec import MAX_GLOBAL_BATCH, STRATEGY_ENGINES, RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, FSDP_EQUIVALENT, MAX_GLOBAL_BATCH, STRATEGY_ENGINES, RunSpec
 from tunecast.errors import Problem, suggestion_text
 
 # Where a key's value came from, for messages: "line 7", "--seq-len", or None for a default.
@@ -73,12 +73,17 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
     if spec.attention == "flash" and spec.precision == "fp32":
         add("attention", "flash attention runs in bf16 or fp16 only, not with precision fp32",
             "use attention sdpa, or precision bf16 / bf16-mixed")
-    if spec.gpus.offload != "none" and spec.gpus.strategy == "ddp":
+    strategy = spec.gpus.strategy
+    if spec.gpus.offload != "none" and strategy == "ddp":
         add("gpus.offload", "needs a sharded strategy: DDP keeps everything on each GPU",
-            "set gpus.strategy to fsdp, zero2 or zero3, or gpus.offload to none")
-    if spec.gpus.offload == "params" and spec.gpus.strategy == "zero2":
-        add("gpus.offload", "params offload needs parameters sharded (fsdp or zero3); zero2 keeps them whole",
+            "set gpus.strategy to fsdp, fsdp-grad-op, zero1, zero2 or zero3, or gpus.offload to none")
+    if spec.gpus.offload == "params" and strategy in ("fsdp-grad-op", "zero1", "zero2"):
+        add("gpus.offload", f"params offload needs parameters sharded (fsdp or zero3); {strategy} keeps them whole",
             "set gpus.strategy to fsdp or zero3, or gpus.offload to optimizer")
+    if strategy in DEEPSPEED_STRATEGIES and spec.runner in ("torchtune", "unsloth"):
+        add("gpus.strategy", f"{strategy} is DeepSpeed's, which {spec.runner} does not run",
+            "set gpus.strategy to fsdp (or ddp), or runner to a tool that runs DeepSpeed: hf-trainer, trl, axolotl or "
+            "llamafactory")
     if spec.method == "full" and spec.fixed("lora"):
         add("lora", "is ignored with method full", "remove the lora section or use method lora",
             severity="warning")
@@ -123,6 +128,12 @@ def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = 
     if spec.optimizer_in_backward:
         add("optimizer_in_backward", "steps each parameter inside the backward pass, before its gradient is averaged "
             f"over the {processes} processes", "set optimizer_in_backward: false with several GPUs, or train on one")
+    if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
+        stage = spec.gpus.strategy
+        add("gpus.strategy", f"{stage} is DeepSpeed ZeRO-{stage[-1]}, which tunecast's own loop does not run (it "
+            f"trains with DDP and FSDP2; {processes} processes)",
+            f"set runner to the tool that runs DeepSpeed (hf-trainer, trl, axolotl or llamafactory) to estimate it, or "
+            f"gpus.strategy to {FSDP_EQUIVALENT[stage]} to train it with tunecast")
     if spec.global_batch is not None and spec.global_batch % processes:
         lower = spec.global_batch // processes * processes
         options = [n for n in (lower, lower + processes) if n > 0]

@@ -31,10 +31,15 @@ Loss = Literal["standard", "chunked"]
 # lists equal).
 Runner = Literal["tunecast", "hf-trainer", "trl", "axolotl", "llamafactory", "unsloth", "torchtune"]
 Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
-Strategy = Literal["ddp", "fsdp", "zero2", "zero3"]
-# What runs each strategy (train/distributed.py), as the runner and the plan name it.
-STRATEGY_ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "zero3": "FSDP2 full shard",
-                    "zero2": "FSDP2, gradients and optimizer sharded"}
+Strategy = Literal["ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3"]
+# DeepSpeed's stages: estimated as DeepSpeed allocates them (estimate/deepspeed.py) for the tools that run it through
+# accelerate (the Trainer, TRL, axolotl, LLaMA-Factory); tunecast's own loop runs DDP and FSDP2 only.
+DEEPSPEED_STRATEGIES = ("zero1", "zero2", "zero3")
+# The FSDP2 strategy tunecast trains that shards what each DeepSpeed stage does (ZeRO-1 too shards the optimizer).
+FSDP_EQUIVALENT = {"zero1": "fsdp-grad-op", "zero2": "fsdp-grad-op", "zero3": "fsdp"}
+# What runs each strategy (train/distributed.py for DDP and FSDP2), as the runner and the plan name it.
+STRATEGY_ENGINES = {"ddp": "DDP", "fsdp": "FSDP2 full shard", "fsdp-grad-op": "FSDP2, gradients and optimizer sharded",
+                    "zero1": "DeepSpeed ZeRO-1", "zero2": "DeepSpeed ZeRO-2", "zero3": "DeepSpeed ZeRO-3"}
 Offload = Literal["none", "optimizer", "params"]
 DatasetFormat = Literal["auto", "text", "prompt-completion", "alpaca", "sharegpt", "messages"]
 TrainOn = Literal["auto", "completion", "all"]
@@ -47,6 +52,7 @@ PlanAllowance = Literal[
 TEXT_KEYS = ("runner_version", "bitsandbytes_version", "transformers_version")
 
 PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 DEFAULT_MICRO_BATCH = 8
 # Upper bounds that only a typo reaches, so that no command is asked to do absurd work (a global batch of
 # 32,000,000,000 for 32 had the planner weigh every divisor of it). Fine-tunes use global batches of tens to a few
@@ -202,6 +208,26 @@ class DatasetSpec(_Section):
     the catalog's `declared_length_sigma` (0.46, measured padding of a real instruction dataset)."""
 
 
+class DeepSpeedSpec(_Section):
+    """The sizes of DeepSpeed's ZeRO buffers, as its JSON config names them under `zero_optimization` (counts of
+    elements, not bytes). `auto` is what the transformers integration fills in for `"auto"` from the model's hidden
+    size (h): h² for the reduce bucket, 0.9·h² for the prefetch bucket, 10·h for the persistence threshold."""
+
+    reduce_bucket_size: PositiveInt | Literal["auto"] = Field(500_000_000, examples=["auto", 50_000_000])
+    """Elements of gradients reduced together; ZeRO-1/2 hold one such buffer during the backward pass (two with
+    overlap_comm), ZeRO-3 one for the whole run. Default DeepSpeed's 5e8."""
+
+    overlap_comm: bool | None = None
+    """Reduce gradients while the backward pass goes on. Default DeepSpeed's: on for ZeRO-3, off for ZeRO-1/2."""
+
+    stage3_prefetch_bucket_size: PositiveInt | Literal["auto"] = Field(50_000_000, examples=["auto"])
+    """ZeRO-3: elements of parameters gathered ahead of the layer that needs them. Default DeepSpeed's 5e7."""
+
+    stage3_param_persistence_threshold: NonNegativeInt | Literal["auto"] = Field(100_000, examples=["auto", 0])
+    """ZeRO-3: parameters with fewer elements stay whole on every GPU (norms, biases, small LoRA matrices).
+    Default DeepSpeed's 1e5."""
+
+
 class GpuSpec(_Section):
     """Which GPUs, how many, and how the work is spread over them."""
 
@@ -213,12 +239,18 @@ class GpuSpec(_Section):
     """Number of GPUs. Default 1."""
 
     strategy: Strategy = "ddp"
-    """How work is spread over GPUs: `ddp` (a full replica per GPU), `fsdp` (FSDP2 full shard),
-    `zero2` (shard gradients and optimizer states), `zero3` (shard everything). Default `ddp`."""
+    """How work is spread over GPUs: `ddp` (a full replica per GPU), `fsdp` (FSDP2 full shard: parameters,
+    gradients and optimizer states sharded), `fsdp-grad-op` (FSDP2 keeping each layer's parameters gathered from
+    the forward pass to the backward pass: gradients and optimizer states sharded, accelerate's SHARD_GRAD_OP), or
+    DeepSpeed's `zero1` (optimizer states sharded), `zero2` (gradients too) and `zero3` (parameters too), as the
+    Trainer, TRL, axolotl and LLaMA-Factory run them (tunecast's own loop runs DDP and FSDP2). Default `ddp`."""
 
     offload: Offload = "none"
     """What lives in CPU memory: `none`, `optimizer` (optimizer states and step), or `params`
     (parameters too). Needs a sharded strategy. Default `none`."""
+
+    deepspeed: DeepSpeedSpec = Field(default_factory=DeepSpeedSpec)
+    """DeepSpeed's buffers, for the zero1/zero2/zero3 strategies only."""
 
 
 class CheckpointSpec(_Section):

@@ -23,8 +23,9 @@ from typing import Any
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate import replays
+from tunecast.estimate.deepspeed import apply_deepspeed, model_hidden_size
 from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
@@ -313,7 +314,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
         if kept is not None and kept[0] is serves:  # the entry holds its profiles, so the id is not reused
             return kept[1]
         step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing)
+                            checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
         value = Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
         if len(_SIMULATED) >= SIMULATED_KEPT:
             _SIMULATED.clear()
@@ -462,7 +463,8 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     (embeddings, final norm, output head) the root unit. Each rank keeps its shard of every parameter; a unit's
     parameters gathered for computing are a full copy beside the shards. The root is gathered for the whole
     forward and backward pass (FSDP2 does not reshard the root after the forward pass); a layer for its own
-    passes, with the next one prefetched. zero2 keeps every gathered layer until the backward pass is done."""
+    passes, with the next one prefetched. fsdp-grad-op keeps every gathered layer until the backward pass is done.
+    DeepSpeed's stages: deepspeed.py."""
     gpus = spec.gpus
     count = gpus.count
     if gpus.strategy == "ddp":
@@ -474,7 +476,7 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
                 memory.breakdown["gradients"] += buckets
             step.notes.append("DDP: gradient buckets (a second copy of the gradients) on every GPU")
         return
-    shard_weights = gpus.strategy in ("fsdp", "zero3")
+    shard_weights = gpus.strategy == "fsdp"
     for phase, memory in step.phases.items():
         b = memory.breakdown
         whole = b["trainable_weights"] if spec.method == "full" else b["weights"]
@@ -519,15 +521,16 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
             for category in ("weights", "trainable_weights", "gradients"):
                 memory.breakdown[category] = 0.0
     step.host_bytes += offloaded
-    label = {"fsdp": "FSDP2 full shard", "zero2": "ZeRO-2 (FSDP2 without resharding after the forward pass)",
-             "zero3": "ZeRO-3 (FSDP2 full shard)"}[gpus.strategy]
-    kept = "every layer" if gpus.strategy == "zero2" else "the embeddings and head, and two layers,"
+    label = {"fsdp": "FSDP2 full shard",
+             "fsdp-grad-op": "FSDP2 without resharding after the forward pass (SHARD_GRAD_OP)"}[gpus.strategy]
+    kept = "every layer" if gpus.strategy == "fsdp-grad-op" else "the embeddings and head, and two layers,"
     step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus {kept} gathered for the passes")
 
 
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int, *, tokens: int,
-                    cuda: bool, checkpointing: bool) -> None:
-    """What the trace cannot see, applied to the traced (or closed-form) step of `tokens` tokens a micro-batch."""
+                    cuda: bool, checkpointing: bool, hidden: int | None) -> None:
+    """What the trace cannot see, applied to the traced (or closed-form) step of `tokens` tokens a micro-batch
+    (`hidden`: the model's hidden size, which sizes DeepSpeed's `auto` buffers)."""
     if spec.method == "qlora" and spec.quantization.bits == 8:
         _apply_int8(step, facts, param_bytes, tokens=tokens, cuda=cuda, checkpointing=checkpointing)
     elif spec.method == "qlora":
@@ -535,14 +538,17 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
         _apply_activation_offload(step, layers)
-    _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes, layers=layers)
+    if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
+        apply_deepspeed(step, spec, facts, layers, hidden)
+    else:
+        _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes, layers=layers)
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
-                 workspace: int, checkpointing: bool) -> StepMemory:
+                 workspace: int, checkpointing: bool, hidden: int | None) -> StepMemory:
     step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
     _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers, tokens=batch * seq,
-                    cuda=cuda, checkpointing=checkpointing)
+                    cuda=cuda, checkpointing=checkpointing, hidden=hidden)
     return step
 
 
@@ -616,7 +622,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
         step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing)
+                            checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
         if cuda and pair.exact_shape is None:  # profiles that sweep shapes: reserved by the ladder rule
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
@@ -625,7 +631,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers, tokens=batch * seq, cuda=cuda,
-                        checkpointing=settings.grad_checkpointing)
+                        checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
         traced_at = None
         composed = False
         closed_form = True

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, FSDP_EQUIVALENT, RunSpec
+from tunecast.errors import TunecastError
 
 
 def accelerate_config(spec: RunSpec, *, gpus_per_node: int, nodes: int, on_cpu: bool = False) -> dict[str, Any]:
     strategy = spec.gpus.strategy
+    if strategy in DEEPSPEED_STRATEGIES:
+        raise TunecastError(f"{strategy} is DeepSpeed's, which tunecast train (what this file launches) does not run",
+                            field="gpus.strategy",
+                            hint="export the run for axolotl or LLaMA-Factory (their config carries the DeepSpeed "
+                                 f"settings), or set gpus.strategy to {FSDP_EQUIVALENT[strategy]}")
     document: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": ("MULTI_CPU" if on_cpu else "MULTI_GPU") if strategy == "ddp" else "FSDP",
@@ -35,7 +41,7 @@ def accelerate_config(spec: RunSpec, *, gpus_per_node: int, nodes: int, on_cpu: 
     if strategy != "ddp":
         document["fsdp_config"] = {
             "fsdp_version": 2,
-            "fsdp_reshard_after_forward": strategy != "zero2",
+            "fsdp_reshard_after_forward": strategy != "fsdp-grad-op",
             "fsdp_offload_params": spec.gpus.offload != "none",
             "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
             "fsdp_state_dict_type": "SHARDED_STATE_DICT",

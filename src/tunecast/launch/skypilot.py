@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, FSDP_EQUIVALENT, RunSpec
 from tunecast.errors import TunecastError
 from tunecast.plan.cost import GPUS_PER_NODE
 from tunecast.train.signals import EXIT_PREEMPTED
@@ -113,6 +113,10 @@ def task(spec: RunSpec, model: Any, target: Target, *, strategy: str, bucket: st
          ) -> dict[str, Any]:
     """The SkyPilot task (a YAML document) that trains `spec` on `target` with `strategy`."""
     import yaml
+
+    if strategy in DEEPSPEED_STRATEGIES:
+        raise TunecastError(f"{strategy} is DeepSpeed's, which tunecast train (what the task runs) does not run",
+                            field="gpus.strategy", hint=f"set gpus.strategy to {FSDP_EQUIVALENT[strategy]}")
 
     store = _bucket(spec, bucket)
     document, uploads = run_document(spec, model, strategy, target.gpus_per_node * target.nodes)

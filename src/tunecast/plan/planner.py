@@ -21,7 +21,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.offers import Offer
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.config.spec import STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.plan.calibration import Calibration
@@ -335,7 +335,8 @@ class Planner:
         offloaded = memory.host_ram_gib * BYTES_PER_GIB if spec.activation_offload else 0.0
         step = step_time(spec, pair, gpu, self.catalog.throughput, micro_batch=micro_batch, seq=sequence,
                          grad_accum=grad_accum, gpu_count=count, grad_checkpointing=checkpointing,
-                         offloaded_activation_bytes=offloaded, internode_gb_per_s=internode_gb_per_s)
+                         offloaded_activation_bytes=offloaded, internode_gb_per_s=internode_gb_per_s,
+                         hidden_size=self.loaded.model.hidden_size)
         predicted_total = step.total_s
         real = self.workload.real_fraction(micro_batch)
         basis = "predicted"
@@ -479,8 +480,12 @@ def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
         engine, launcher = "one process", "tunecast train"
     else:
         engine = STRATEGY_ENGINES[strategy]
-        launcher = (f"tunecast train --gpus {count} (or torchrun / accelerate launch)" if nodes == 1 else
-                    f"tunecast export skypilot --gpus {count} --nodes {nodes} (torchrun on each node)")
+        if strategy in DEEPSPEED_STRATEGIES:  # tunecast estimates DeepSpeed; the runner's tool runs it
+            launcher = f"accelerate launch or deepspeed, {count} processes{f' on {nodes} nodes' if nodes > 1 else ''}"
+        elif nodes == 1:
+            launcher = f"tunecast train --gpus {count} (or torchrun / accelerate launch)"
+        else:
+            launcher = f"tunecast export skypilot --gpus {count} --nodes {nodes} (torchrun on each node)"
     return {"engine": engine, "launcher": launcher, "nodes": nodes}
 
 

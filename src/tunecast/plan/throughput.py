@@ -28,11 +28,12 @@ other operations write, both as polynomials in micro-batch and length, extrapola
   --collectives` measured between as many of the devices or more, or each GPU's share of the network between nodes),
   a fixed latency per collective plus its bytes, and only what cannot hide behind computation counted
   (`exposed_communication`): DDP's bucketed all-reduce of gradients behind the backward pass of the last
-  micro-batch (the others accumulate without syncing), its last bucket after it; ZeRO-2's reduce-scatter of each
-  micro-batch's gradients behind its backward pass and the all-gather of the updated parameters after the step;
-  FSDP's (and ZeRO-3's) per-layer all-gathers (forward, and again in backward) and reduce-scatters, each layer's
-  prefetched behind the previous layer's computation, the first all-gather and the last reduce-scatter of each
-  micro-batch exposed.
+  micro-batch (the others accumulate without syncing), its last bucket after it; FSDP2 grad-op's and ZeRO-2's
+  reduce-scatter of each micro-batch's gradients and the all-gather of the updated parameters after the step
+  (ZeRO-1's reduction once a step; DeepSpeed's buckets hidden only with overlap_comm); FSDP's (and ZeRO-3's)
+  per-layer all-gathers (forward, and again in backward) and reduce-scatters, each layer's prefetched behind the
+  previous layer's computation, the first all-gather and the last reduce-scatter of each micro-batch exposed. Sharded
+  strategies step the optimizer on each GPU's shard.
 
 Every constant is a catalog row (`catalog/data/throughput.csv`, `gpus.csv`) with its source.
 """
@@ -46,7 +47,8 @@ from typing import Any
 from tunecast.catalog.devices import DeviceFigures
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
+from tunecast.estimate.deepspeed import buffers as deepspeed_buffers
 from tunecast.estimate.profiles import ProfilePair
 from tunecast.plan.cost import GPUS_PER_NODE
 from tunecast.step.settings import TRACED_OPTIMIZERS
@@ -134,12 +136,20 @@ def collective_link(gpu: Gpu, gpu_count: int, constants: ThroughputConstants,
 
 
 def exposed_communication(strategy: str, link: Link, *, gpu_count: int, layers: int, layer_param_bytes: float,
-                          trainable_bytes: float, compute_s: float, grad_accum: int, checkpointing: bool) -> float:
+                          trainable_bytes: float, compute_s: float, grad_accum: int, checkpointing: bool,
+                          bucket_bytes: float = DDP_BUCKET_BYTES, overlap: bool = True) -> float:
     """Seconds of one optimizer step the collectives add, beyond what hides behind computation, for ring collectives
     over `gpu_count` GPUs (a ring moves (n-1)/n of a reduce-scatter's or all-gather's bytes over each GPU's link, and
     twice that for an all-reduce: nccl-tests' bus bandwidth). `compute_s` is the step's computation (all
     micro-batches); a micro-batch's backward pass takes two thirds of it, three quarters with checkpointing (the
-    recomputed forward pass)."""
+    recomputed forward pass). Gradients are reduced in buckets of `bucket_bytes`, behind the backward pass with
+    `overlap` (DeepSpeed's ZeRO-1/2 by default reduce each bucket in the backward pass's own stream: nothing hides).
+
+    * DDP: an all-reduce of every gradient each step, behind the last micro-batch's backward pass;
+    * FSDP2's grad-op mode and DeepSpeed's ZeRO-2: a reduce-scatter each micro-batch, and the trained weights
+      all-gathered after the optimizer step; ZeRO-1 reduces once a step, at the last micro-batch;
+    * FSDP2 full shard and ZeRO-3: each layer's weights gathered in the forward and backward passes (the next one
+      prefetched while this one computes) and its gradients reduce-scattered, every micro-batch."""
     ring = (gpu_count - 1) / gpu_count
     per_micro_batch = compute_s / grad_accum
     backward = per_micro_batch * (3 / 4 if checkpointing else 2 / 3)
@@ -148,15 +158,18 @@ def exposed_communication(strategy: str, link: Link, *, gpu_count: int, layers: 
     def bucketed(share: float) -> float:
         """Gradients reduced in buckets as the backward pass fills them, `share` of their bytes over each link: what
         the backward pass does not hide, and the last bucket, which only starts once it ends."""
-        buckets = max(1, -(-int(trainable_bytes) // DDP_BUCKET_BYTES))
+        buckets = max(1, -(-int(trainable_bytes) // int(bucket_bytes)))
         whole = link.seconds(share * trainable_bytes, buckets)
-        last = link.seconds(share * min(trainable_bytes, DDP_BUCKET_BYTES))
+        if not overlap:
+            return whole
+        last = link.seconds(share * min(trainable_bytes, bucket_bytes))
         return last + max(0.0, whole - last - backward)
 
     if strategy == "ddp":
         return bucketed(2 * ring)  # an all-reduce
-    if strategy == "zero2":
-        return grad_accum * bucketed(ring) + link.seconds(ring * trainable_bytes)  # reduce-scatters, one all-gather
+    if strategy in ("fsdp-grad-op", "zero1", "zero2"):
+        reductions = 1 if strategy == "zero1" else grad_accum
+        return reductions * bucketed(ring) + link.seconds(ring * trainable_bytes)  # reduce-scatters, one all-gather
     gather = link.seconds(ring * layer_param_bytes)
     scatter = link.seconds(ring * trainable_bytes / layers)
     per_layer_forward, per_layer_backward = forward / layers, backward / layers
@@ -343,11 +356,13 @@ def dequantize_seconds(pair: ProfilePair, rates: _Rates, *, passes: int) -> floa
 
 def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputConstants, *, micro_batch: int,
               seq: int, grad_accum: int, gpu_count: int, grad_checkpointing: bool,
-              offloaded_activation_bytes: float = 0.0, internode_gb_per_s: float | None = None) -> StepTime:
+              offloaded_activation_bytes: float = 0.0, internode_gb_per_s: float | None = None,
+              hidden_size: int | None = None) -> StepTime:
     """One optimizer step of `spec` on one of `gpu_count` GPUs, micro-batches of `micro_batch` × `seq`.
     `offloaded_activation_bytes`: what activation offload moves to CPU RAM per micro-batch (the memory
     estimate's host RAM). `internode_gb_per_s`: the network between nodes, per node, for a run of more GPUs
-    than a node holds: the ring's slowest hop is then each GPU's share of its node's network."""
+    than a node holds: the ring's slowest hop is then each GPU's share of its node's network. `hidden_size`: the
+    model's, which sizes DeepSpeed's `auto` buckets."""
     rates = _Rates.of(spec, gpu, constants)
     bandwidth = rates.bandwidth
     tokens = micro_batch * seq
@@ -388,12 +403,24 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
 
     communication_s = 0.0
     link = None
+    strategy = spec.gpus.strategy
+    if gpu_count > 1 and strategy != "ddp":
+        optimizer_s /= gpu_count  # each GPU steps its shard of the trained weights
     if gpu_count > 1:
         link = collective_link(gpu, gpu_count, constants, internode_gb_per_s)
+        layer_bytes = _depth(pair, lambda p: p.facts.layer_bytes)
+        reduced = trainable * param_bytes
+        bucket, overlap = float(DDP_BUCKET_BYTES), True
+        if strategy in DEEPSPEED_STRATEGIES:  # DeepSpeed's 16-bit model: its gradients and weights move in 16 bits
+            settings = deepspeed_buffers(spec, hidden_size)
+            half = 4 if spec.precision == "fp32" else 2
+            reduced = trainable * half
+            layer_bytes = layer_bytes * half / pair.deeper.facts.param_dtype_bytes
+            bucket, overlap = float(settings.reduce_bucket * half), settings.overlap_comm
         communication_s = exposed_communication(
-            spec.gpus.strategy, link, gpu_count=gpu_count, layers=pair.layers,
-            layer_param_bytes=_depth(pair, lambda p: p.facts.layer_bytes), trainable_bytes=trainable * param_bytes,
-            compute_s=compute_s, grad_accum=grad_accum, checkpointing=grad_checkpointing)
+            strategy, link, gpu_count=gpu_count, layers=pair.layers, layer_param_bytes=layer_bytes,
+            trainable_bytes=reduced, compute_s=compute_s, grad_accum=grad_accum, checkpointing=grad_checkpointing,
+            bucket_bytes=bucket, overlap=overlap)
     return StepTime(compute_s, dequantize_s, dispatch_s, optimizer_s, communication_s, offload_s,
                     tokens * grad_accum, link)
 

@@ -214,7 +214,7 @@ def _fsdp(m: Mapper, key: str, value: Any) -> None:
     if not options:
         m.skip(key, value, "empty: no FSDP")
         return
-    m.put(key, "gpus.strategy", "zero2" if "shard_grad_op" in options else "fsdp")
+    m.put(key, "gpus.strategy", "fsdp-grad-op" if "shard_grad_op" in options else "fsdp")
     if "offload" in options:
         m.put(key, "gpus.offload", "params")
     m.note(mp.LAUNCH_COUNT)
@@ -235,7 +235,7 @@ def _fsdp_setting(m: Mapper, key: str, name: str, value: Any) -> None:
     if name == "offload_params":
         m.put(key, "gpus.offload", "params" if value else "none")
     elif (name, value) in (("reshard_after_forward", False), ("sharding_strategy", "SHARD_GRAD_OP")):
-        m.put(key, "gpus.strategy", "zero2")
+        m.put(key, "gpus.strategy", "fsdp-grad-op")
     elif name == "activation_checkpointing" and value:
         m.put(key, "grad_checkpointing", True)
     elif name in ("version", "fsdp_version"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.errors import TunecastError
 
 # tunecast's optimizer → transformers' OptimizerNames, which both tools take.
@@ -100,6 +100,8 @@ def to_llamafactory(spec: RunSpec) -> dict[str, Any]:
     doc |= {"lr_scheduler_type": spec.schedule, **_warmup(spec), "weight_decay": spec.weight_decay,
             "max_grad_norm": spec.max_grad_norm, "optim": HF_OPTIMIZER_NAMES[spec.optimizer]}
     doc |= _llamafactory_precision(spec) | {"seed": spec.seed}
+    if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
+        doc["deepspeed"] = deepspeed_document(spec)
     if spec.compile:
         doc["torch_compile"] = True
     if spec.eval.examples:
@@ -224,8 +226,31 @@ def _axolotl_precision(spec: RunSpec) -> dict[str, Any]:
         {"bf16": True, "fp8": True} if spec.precision == "fp8" else {})
 
 
+def deepspeed_document(spec: RunSpec) -> dict[str, Any]:
+    """The DeepSpeed JSON of a zero1/zero2/zero3 run, inline (axolotl's and LLaMA-Factory's `deepspeed` key takes a
+    document as well as a path): its stage, offload and buffers, and `auto` for what the Trainer fills in."""
+    stage = int(spec.gpus.strategy[-1])
+    settings = spec.gpus.deepspeed
+    zero: dict[str, Any] = {"stage": stage}
+    if spec.gpus.offload != "none":
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if spec.gpus.offload == "params":
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    zero["reduce_bucket_size"] = settings.reduce_bucket_size
+    if settings.overlap_comm is not None:
+        zero["overlap_comm"] = settings.overlap_comm
+    if stage == 3:
+        zero |= {"stage3_prefetch_bucket_size": settings.stage3_prefetch_bucket_size,
+                 "stage3_param_persistence_threshold": settings.stage3_param_persistence_threshold}
+    return {"zero_optimization": zero, "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto"}
+
+
 def _axolotl_fsdp(spec: RunSpec) -> dict[str, Any]:
     strategy, offload = spec.gpus.strategy, spec.gpus.offload
+    if strategy in DEEPSPEED_STRATEGIES:
+        return {"deepspeed": deepspeed_document(spec)}
     if strategy == "ddp":
         if offload != "none":
             raise _cannot("gpus.offload", "axolotl", "offload needs a sharded strategy", "set gpus.strategy to fsdp")
@@ -235,7 +260,7 @@ def _axolotl_fsdp(spec: RunSpec) -> dict[str, Any]:
                       "set gpus.offload to params or none")
     return {"fsdp_version": 2, "fsdp_config": {
         "offload_params": offload == "params", "state_dict_type": "SHARDED_STATE_DICT",
-        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_after_forward": strategy != "zero2"}}
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "reshard_after_forward": strategy != "fsdp-grad-op"}}
 
 
 def _llamafactory_checkpointing(spec: RunSpec) -> dict[str, Any]:

@@ -193,9 +193,10 @@ def _dist(m: Mapper, key: str, value: Any) -> None:
         mp.run_handlers(m, value, {}, _DIST, prefix=f"{key}.")
         return
     # FSDP2 keeps the parameters gathered between forward and backward when reshard_after_forward is false: only
-    # gradients and optimizer states stay sharded, tunecast's zero2.
+    # gradients and optimizer states stay sharded, tunecast's fsdp-grad-op.
     keep = value.get("reshard_after_forward") is False
-    m.put(f"{key}.reshard_after_forward" if keep else f"{key}.name", "gpus.strategy", "zero2" if keep else "fsdp")
+    m.put(f"{key}.reshard_after_forward" if keep else f"{key}.name", "gpus.strategy",
+          "fsdp-grad-op" if keep else "fsdp")
     if value.get("offload_params"):
         m.put(f"{key}.offload_params", "gpus.offload", "params")  # CPUOffloadPolicy: parameters, gradients, states
     if value["name"] == "fsdpturbo" and value.get("ep_size", 1) != 1:

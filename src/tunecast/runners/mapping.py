@@ -60,11 +60,7 @@ class Mapper:
     def put(self, tool_key: str, key: str, value: Any) -> None:
         """Set tunecast's dotted `key` from the tool's `tool_key`."""
         self.values[tool_key] = value
-        section, _, leaf = key.partition(".")
-        if leaf:
-            self.config.setdefault(section, {})[leaf] = value
-        else:
-            self.config[key] = value
+        self._set(key, value)
         self.mapped[tool_key] = (*(k for k in self.mapped.get(tool_key, ()) if k != key), key)
         self.unmapped.pop(tool_key, None)
         line = self.line(tool_key)
@@ -78,8 +74,8 @@ class Mapper:
 
     def drop(self, key: str, tool_key: str, reason: str) -> None:
         """Take back tunecast's `key` that `tool_key` set, and say why it is not carried over."""
-        section, _, leaf = key.partition(".")
-        (self.config.get(section, {}) if leaf else self.config).pop(leaf or key, None)
+        *sections, leaf = key.split(".")
+        self._section(sections).pop(leaf, None)
         self.lines.pop(key, None)
         remaining = tuple(k for k in self.mapped.get(tool_key, ()) if k != key)
         if remaining:
@@ -92,15 +88,20 @@ class Mapper:
         if text not in self.notes:
             self.notes.append(text)
 
+    def _section(self, sections: list[str]) -> dict[str, Any]:
+        """The part of the config at the dotted path `sections` (empty where nothing was put there)."""
+        place = self.config
+        for section in sections:
+            place = place.get(section, {})
+        return place
+
     def has(self, key: str) -> bool:
-        section, _, leaf = key.partition(".")
-        if leaf:
-            return leaf in self.config.get(section, {})
-        return key in self.config
+        *sections, leaf = key.split(".")
+        return leaf in self._section(sections)
 
     def get(self, key: str) -> Any:
-        section, _, leaf = key.partition(".")
-        return self.config.get(section, {}).get(leaf) if leaf else self.config.get(key)
+        *sections, leaf = key.split(".")
+        return self._section(sections).get(leaf)
 
     def default(self, key: str, value: Any) -> None:
         """The tool's own default for a key its file left unset (never tunecast's default). No epochs beside
@@ -108,11 +109,14 @@ class Mapper:
         if key == "epochs" and self.has("max_steps"):
             return
         if not self.has(key):
-            section, _, leaf = key.partition(".")
-            if leaf:
-                self.config.setdefault(section, {})[leaf] = value
-            else:
-                self.config[key] = value
+            self._set(key, value)
+
+    def _set(self, key: str, value: Any) -> None:
+        *sections, leaf = key.split(".")
+        place = self.config
+        for section in sections:
+            place = place.setdefault(section, {})
+        place[leaf] = value
 
     def line(self, tool_key: str) -> int | None:
         """The line of `tool_key`; list items share their list's key in the YAML reader's lines."""
@@ -336,24 +340,39 @@ def run_folder(m: Mapper, value: Any) -> Path | None:
 
 
 def deepspeed(m: Mapper, tool_key: str, value: Any) -> None:
-    """A DeepSpeed JSON file: ZeRO stage 2 or 3 → gpus.strategy, and what it offloads → gpus.offload."""
+    """A DeepSpeed JSON file (or its document): the ZeRO stage → gpus.strategy (zero1, zero2, zero3), what it
+    offloads → gpus.offload, and the buffer sizes → gpus.deepspeed. Stage 0 is DDP (nothing sharded)."""
     document = value if isinstance(value, dict) else _deepspeed_file(m, value)
     if document is None:
         m.skip(tool_key, value, f"DeepSpeed file {value!r} not found next to the config: set gpus.strategy "
-                                "(zero2, zero3) to the file's ZeRO stage")
+                                "(zero1, zero2, zero3) to the file's ZeRO stage")
         return
     zero = document.get("zero_optimization") or {}
-    stage = zero.get("stage") if isinstance(zero, dict) else None
-    if stage not in (2, 3):
-        m.skip(tool_key, value, f"ZeRO stage {stage} has no tunecast strategy: estimated as ddp (nothing sharded)")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage == 0:
+        m.put(tool_key, "gpus.strategy", "ddp")
+        m.note("DeepSpeed ZeRO stage 0 shards nothing: estimated as DDP")
+        m.note(LAUNCH_COUNT)
+        return
+    if stage not in (1, 2, 3):
+        m.skip(tool_key, value, f"ZeRO stage {stage!r} is none of DeepSpeed's (0 to 3): estimated as ddp")
         return
     m.put(tool_key, "gpus.strategy", f"zero{stage}")
     device = {key: (zero.get(key) or {}).get("device") for key in ("offload_param", "offload_optimizer")}
-    if device["offload_param"] in ("cpu", "nvme"):
+    if device["offload_param"] in ("cpu", "nvme") and stage == 3:
         m.put(tool_key, "gpus.offload", "params")
     elif device["offload_optimizer"] in ("cpu", "nvme"):
         m.put(tool_key, "gpus.offload", "optimizer")
-    m.note(f"DeepSpeed ZeRO-{stage} is estimated as {m.get('gpus.strategy')} on FSDP2 (tunecast's engine for it)")
+    if "nvme" in device.values():
+        m.note("DeepSpeed's NVMe offload is estimated as CPU offload: the host memory shown is then on the NVMe "
+               "drive")
+    for name in ("reduce_bucket_size", "overlap_comm", "stage3_prefetch_bucket_size",
+                 "stage3_param_persistence_threshold"):
+        if name in zero:
+            setting = zero[name]
+            number = isinstance(setting, (int, float)) and not isinstance(setting, bool)
+            m.put(f"{tool_key}.zero_optimization.{name}", f"gpus.deepspeed.{name}",
+                  int(setting) if number else setting)
     m.note(LAUNCH_COUNT)
 
 

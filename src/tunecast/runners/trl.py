@@ -160,7 +160,7 @@ def _fsdp(m: Mapper, key: str, value: Any) -> None:
     if not options or options == [""]:
         m.skip(key, value, "empty: no FSDP")
         return
-    m.put(key, "gpus.strategy", "zero2" if "shard_grad_op" in options else "fsdp")
+    m.put(key, "gpus.strategy", "fsdp-grad-op" if "shard_grad_op" in options else "fsdp")
     if "offload" in options:
         m.put(key, "gpus.offload", "params")
     m.note(mp.LAUNCH_COUNT)

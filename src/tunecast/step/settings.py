@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.step.variants import runner_step
 
 
@@ -34,6 +34,14 @@ class AdapterSettings:
 TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 # Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
+
+def _traced_precision(spec: RunSpec) -> str:
+    """The precision traced: DeepSpeed's bf16 and fp16 modes cast the whole model to 16 bits and keep the fp32 master
+    weights inside its optimizer (estimate/deepspeed.py lays those out), so their step is traced in bf16."""
+    if spec.gpus.strategy in DEEPSPEED_STRATEGIES and spec.precision in ("bf16-mixed", "fp16-mixed"):
+        return "bf16"
+    return TRACED_PRECISION.get(spec.precision, spec.precision)
+
 
 @dataclass(frozen=True)
 class TraceSettings:
@@ -58,7 +66,7 @@ class TraceSettings:
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
                                      tuple(lora.modules_to_save), lora.fp32_adapters),
-            precision=TRACED_PRECISION.get(spec.precision, spec.precision),
+            precision=_traced_precision(spec),
             optimizer=traced_optimizer,
             optimizer_in_backward=spec.optimizer_in_backward,
             grad_checkpointing=checkpointing,

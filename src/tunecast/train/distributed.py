@@ -6,10 +6,10 @@ tunecast has no distributed engine of its own. A run started by `torchrun`, `acc
 the CPU) and spreads the model with torch's own wrappers, as the plan chose (`gpus.strategy`):
 
 * `ddp`: a whole replica per rank, gradients averaged by `DistributedDataParallel`;
-* `fsdp` / `zero3`: FSDP2 (`fully_shard`) on every decoder layer and on the whole model, parameters,
+* `fsdp`: FSDP2 (`fully_shard`) on every decoder layer and on the whole model, parameters,
   gradients and optimizer states sharded, each layer gathered for its forward and backward;
-* `zero2`: FSDP2 with `reshard_after_forward=False` (gradients and optimizer states sharded, parameters kept
-  gathered between the passes of a step);
+* `fsdp-grad-op`: FSDP2 with `reshard_after_forward=False` (gradients and optimizer states sharded, parameters
+  kept gathered between the passes of a step);
 * `gpus.offload`: FSDP2's CPU offload of parameters, gradients and optimizer step (GPUs only).
 
 What the ranks must agree on is decided collectively, at points every rank passes the same number of times:
@@ -109,7 +109,7 @@ class Engine:
 
         policy: OffloadPolicy = CPUOffloadPolicy() if offload != "none" and self.device.type == "cuda" \
             else OffloadPolicy()
-        reshard = strategy != "zero2"
+        reshard = strategy != "fsdp-grad-op"
         for layer in layers:
             fully_shard(layer, reshard_after_forward=reshard, offload_policy=policy)
         fully_shard(model, reshard_after_forward=reshard, offload_policy=policy)
@@ -117,7 +117,7 @@ class Engine:
 
     @property
     def sharded(self) -> bool:
-        return self.strategy in ("fsdp", "zero2", "zero3")
+        return self.strategy in ("fsdp", "fsdp-grad-op")
 
     def unwrap(self, model: Any) -> Any:
         """The model without its DDP wrapper (FSDP2 shards the module in place: it is the same object)."""

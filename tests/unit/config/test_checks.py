@@ -17,9 +17,10 @@ TINY = REPO / "examples" / "tiny-lora.yaml"
 
 @pytest.mark.parametrize(("settings", "field", "text"), [
     (["method=qlora", "gpus.strategy=fsdp"], "gpus.strategy", "QLoRA's 4-bit weights cannot be sharded"),
-    (["method=qlora", "gpus.strategy=zero2"], "gpus.strategy", "cannot be sharded"),
+    (["method=qlora", "gpus.strategy=fsdp-grad-op"], "gpus.strategy", "cannot be sharded"),
     (["loss=chunked"], "loss", "outside the model's forward pass"),
     (["optimizer_in_backward=true", "grad_accum=1"], "optimizer_in_backward", "before its gradient is averaged"),
+    (["gpus.strategy=zero3"], "gpus.strategy", "DeepSpeed ZeRO-3, which tunecast's own loop does not run"),
 ])
 def test_validate_refuses_what_several_gpus_cannot_run(catalog, settings: list[str], field: str, text: str) -> None:
     overrides = [parse_set(s) for s in [*settings, "gpus.count=2"]]
@@ -75,3 +76,13 @@ def test_a_dataset_path_from_the_file_is_said_relative_to_its_folder(tmp_path: P
     with pytest.raises(ConfigError) as error:
         load_spec(path, [], catalog)
     assert f"relative to the config file's folder ({tmp_path.resolve()})" in problems_of(error)["dataset.path"]
+
+
+def test_deepspeed_is_estimated_for_the_tools_that_run_it(catalog) -> None:
+    for runner in ("hf-trainer", "trl", "axolotl", "llamafactory"):
+        spec = load_spec(TINY, [parse_set(s) for s in (f"runner={runner}", "gpus.strategy=zero3", "gpus.count=2")],
+                         catalog).spec
+        assert spec.gpus.strategy == "zero3"
+    with pytest.raises(ConfigError) as error:
+        load_spec(TINY, [parse_set(s) for s in ("runner=torchtune", "gpus.strategy=zero2", "gpus.count=2")], catalog)
+    assert "torchtune does not run" in problems_of(error)["gpus.strategy"]

@@ -138,7 +138,7 @@ def test_accelerate_config_says_the_strategy(tmp_path: Path) -> None:
     ddp = accelerate_config(_spec(tmp_path), gpus_per_node=4, nodes=1)
     assert (ddp["distributed_type"], ddp["num_processes"], ddp["num_machines"]) == ("MULTI_GPU", 4, 1)
     assert "fsdp_config" not in ddp
-    fsdp = accelerate_config(_spec(tmp_path, gpus={"strategy": "zero2"}), gpus_per_node=8, nodes=2)
+    fsdp = accelerate_config(_spec(tmp_path, gpus={"strategy": "fsdp-grad-op"}), gpus_per_node=8, nodes=2)
     assert fsdp["distributed_type"] == "FSDP" and fsdp["num_processes"] == 16
     assert fsdp["fsdp_config"]["fsdp_version"] == 2 and fsdp["fsdp_config"]["fsdp_reshard_after_forward"] is False
     assert accelerate_config(_spec(tmp_path), gpus_per_node=2, nodes=1, on_cpu=True)["distributed_type"] == "MULTI_CPU"

@@ -104,9 +104,21 @@ def test_communication_by_strategy_and_link(catalog) -> None:
     assert 0 < nvlink.communication_s < pcie.communication_s
     fsdp, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4,
                       gpus={"strategy": "fsdp"})
-    zero2, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4,
-                       gpus={"strategy": "zero2"})
-    assert fsdp.communication_s > zero2.communication_s  # FSDP gathers the parameters every micro-batch
+    grad_op, _, _ = step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4,
+                         gpus={"strategy": "fsdp-grad-op"})
+    assert fsdp.communication_s > grad_op.communication_s  # FSDP gathers the parameters every micro-batch
+
+
+def test_deepspeed_reduces_once_a_step_at_zero1_and_behind_the_backward_pass_with_overlap(catalog) -> None:
+    def exposed(**gpus: Any) -> float:
+        return step(catalog, "h100-pcie", method="full", count=8, batch=1, seq=128, accum=4, gpus=gpus)[0]
+
+    buckets = {"reduce_bucket_size": 10_000}  # many buckets: the tiny model's gradients are not one
+    zero1, zero2 = exposed(strategy="zero1", deepspeed=buckets), exposed(strategy="zero2", deepspeed=buckets)
+    overlapped = exposed(strategy="zero2", deepspeed=buckets | {"overlap_comm": True})
+    assert zero1.communication_s < zero2.communication_s  # one reduction a step, not one a micro-batch
+    assert overlapped.communication_s < zero2.communication_s  # each bucket reduced while the backward pass goes on
+    assert zero2.optimizer_s < exposed(strategy="ddp").optimizer_s  # each GPU steps its shard
 
 
 def test_offload_moves_the_optimizer_over_pcie(catalog) -> None:

@@ -51,4 +51,7 @@ def reason(imported: Imported, key: str) -> str:
 
 
 def _has(config: dict[str, Any], key: str) -> bool:
-    return key in flat(config)
+    *sections, leaf = key.split(".")
+    for section in sections:
+        config = config.get(section, {})
+    return leaf in config

@@ -105,9 +105,9 @@ def test_axolotl_fsdp_round_trip(tmp_path: Path) -> None:
     assert document["fsdp_version"] == 2
     back = checked(axolotl.read(_write(tmp_path / "fsdp.yml", document)))
     _same(spec, back)
-    zero2 = checked(axolotl.read(_write(tmp_path / "z2.yml", to_axolotl(spec.with_changes({"gpus.strategy": "zero2",
+    zero2 = checked(axolotl.read(_write(tmp_path / "z2.yml", to_axolotl(spec.with_changes({"gpus.strategy": "fsdp-grad-op",
                                                                                             "gpus.offload": "none"})))))
-    assert (zero2.gpus.strategy, zero2.gpus.offload) == ("zero2", "none")
+    assert (zero2.gpus.strategy, zero2.gpus.offload) == ("fsdp-grad-op", "none")
 
 
 def test_llamafactory_full_precisions(tmp_path: Path) -> None:

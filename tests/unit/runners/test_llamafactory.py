@@ -146,7 +146,7 @@ def test_v1_batch_precision_and_sharding(tmp_path: Path) -> None:
     spec = checked(imported)
     assert (spec.micro_batch, spec.global_batch, spec.epochs, spec.grad_checkpointing) == (2, 16, 3.0, False)
     assert "grad_accum" not in imported.config
-    assert (spec.method, spec.precision, spec.gpus.strategy, spec.gpus.offload) == ("full", "fp32", "zero2", "params")
+    assert (spec.method, spec.precision, spec.gpus.strategy, spec.gpus.offload) == ("full", "fp32", "fsdp-grad-op", "params")
 
 
 def test_v1_quantization_before_adapters_and_lora_defaults(tmp_path: Path) -> None:
