@@ -15,9 +15,9 @@ row's GPU count and strategy (the same trace, fit check, roofline and collective
 * fit: what `tunecast memory --gpu` says on the row's card (fits, at the edge, does not fit), for runs that ran and
   for runs that ran out of memory.
 
-Rows a RunSpec refuses are listed with the refusal. QLoRA sharded over GPUs is one such (tunecast's own loop cannot
-shard 4-bit weights): those rows are also estimated past that one check — the same spec validated as DDP, then
-given the row's strategy — in a table of their own, apart from the summary of what tunecast answers today.
+Rows a RunSpec refuses are listed with the refusal. What tunecast's own loop does not train but other tools do (QLoRA
+sharded over GPUs, DeepSpeed) validates with a warning and is estimated as tunecast's step run so, as `tunecast memory`
+and `tunecast plan` estimate it.
 
 Run:  .venv/bin/python benchmarks/multi_gpu_check.py   [--only dev|heldout] [--dry-run]
 Writes the tables between the multi-gpu markers of docs/validation/multi-gpu.md (not with --dry-run).
@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import sys
 import time
-import typing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +49,24 @@ TOKENS_TARGET = 0.25
 SIGNED_TARGET = 0.15
 # Declared examples for the planner's workload: enough steps that the run's start and end weigh nothing.
 EXAMPLES_PER_GLOBAL_BATCH = 200
+# A counter over the whole script whose peak is the checkpoint's loading, not the training step: litgpt's FSDP
+# LoRA (Oct 2023) loads the full checkpoint into the sharded model under FSDP's full-state-dict context, which gathers
+# every 16-bit weight beside the shards (Lightning Fabric's FSDPStrategy.load_checkpoint). tunecast estimates the
+# training step; such rows are compared with that loading (`load_peak_gib`) and left out of the memory summary.
+LOADING_COUNTER = "allocated-with-load"
 # A row taking longer than this to predict is named in the doc as slow.
 SLOW_S = 30.0
 
 
-def strategy_for(row: dict[str, str], known: tuple[str, ...]) -> str:
-    """The RunSpec strategy of a row's engine. DeepSpeed ZeRO stage n is "zero{n}": today's RunSpec knows zero2 and
-    zero3 as FSDP2 modes and no zero1; once the DeepSpeed strategies land they name DeepSpeed itself, and a stage the
-    installed RunSpec rejects leaves the row unpredicted with the validation error. FSDP1's FULL_SHARD and FSDP2 are
-    "fsdp"; FSDP1's SHARD_GRAD_OP is FSDP's grad-op mode, "fsdp-grad-op" once the DeepSpeed strategies take "zero2",
-    "zero2" until then; NO_SHARD (every GPU a full replica) and DDP are "ddp"."""
+def strategy_for(row: dict[str, str]) -> str:
+    """The RunSpec strategy of a row's engine: DeepSpeed ZeRO stage n is "zero{n}"; FSDP1's FULL_SHARD and FSDP2 are
+    "fsdp", its SHARD_GRAD_OP "fsdp-grad-op"; NO_SHARD (every GPU a full replica) and DDP are "ddp"."""
     if row["engine"] == "deepspeed":
         return f"zero{row['zero_stage']}"
     if row["engine"] == "ddp" or row["sharding"] == "NO_SHARD":
         return "ddp"
     if row["sharding"] == "SHARD_GRAD_OP":
-        return "fsdp-grad-op" if "fsdp-grad-op" in known else "zero2"
+        return "fsdp-grad-op"
     return "fsdp"
 
 
@@ -86,6 +88,8 @@ def settings_for(row: dict[str, str], strategy: str) -> dict[str, Any]:
         "plan.memory_margin": 0.0,  # the run was measured: no safety margin in the planner's fit check
         "runner": row["runner"],
     }
+    if row["deepspeed"]:  # the zero_optimization buffer settings of the run's DeepSpeed JSON
+        settings.update({f"gpus.deepspeed.{key}": value for key, value in json.loads(row["deepspeed"]).items()})
     for key in ("runner_version", "transformers_version"):
         if row[key]:
             settings[key] = row[key]
@@ -116,8 +120,7 @@ class Result:
     note: str = ""
     memory_note: str = ""
     seconds: float = 0.0
-    past_check: bool = False  # estimated past the RunSpec check that refused it
-    refusal: str = ""
+    load_peak_gib: float | None = None  # LOADING_COUNTER rows: every 16-bit weight gathered beside the shards
 
     def error(self, metric: str) -> float | None:
         measured = {"memory": self.row["memory_gib"], "allocated": self.row["allocated_gib"],
@@ -125,6 +128,8 @@ class Result:
         predicted = {"memory": self.memory_gib, "allocated": self.allocated_gib, "tokens": self.tokens}[metric]
         if not measured or predicted is None or self.row["ran"] != "yes":
             return None  # a run that ran out of memory is a fit check: its figure is where it failed
+        if metric == "memory" and self.row["memory_counter"] == LOADING_COUNTER:
+            return None  # the checkpoint's loading, not the step: compared in its own column (load_peak_gib)
         return (predicted - float(measured)) / float(measured)
 
 
@@ -142,7 +147,7 @@ def _memory_counter(estimate: Any, counter: str) -> float:
     """The figure of the estimate that the row's counter measured."""
     if counter == "reserved":
         return estimate.peak_reserved_gib
-    if counter == "allocated":
+    if counter in ("allocated", LOADING_COUNTER):
         return estimate.peak_allocated_gib
     # nvidia-smi, or unstated: what a GPU monitor shows, reserved plus the CUDA context
     return estimate.device_total_gib
@@ -164,17 +169,9 @@ def _loaded(settings: dict[str, Any], catalog: Any) -> Any:
     return load_spec(None, [Override(key, value, "benchmark") for key, value in settings.items()], catalog)
 
 
-def _past_check(settings: dict[str, Any], catalog: Any) -> Any:
-    """The run validated as DDP without offload (what the check allows), then given its strategy and offload: every
-    other key is checked as `tunecast memory` checks it."""
-    loaded = _loaded({**settings, "gpus.strategy": "ddp", "gpus.offload": "none"}, catalog)
-    spec = loaded.spec
-    gpus = spec.gpus.model_copy(update={"strategy": settings["gpus.strategy"], "offload": settings["gpus.offload"]})
-    return replace(loaded, spec=spec.model_copy(update={"gpus": gpus}))
-
-
-def predict(row: dict[str, str], catalog: Any, known: tuple[str, ...], engines: dict[str, str]) -> Result | str:
+def predict(row: dict[str, str], catalog: Any) -> Result | str:
     """One row's predictions, or why it cannot be expressed."""
+    from tunecast.config.spec import STRATEGY_ENGINES
     from tunecast.errors import TunecastError
     from tunecast.estimate.memory import estimate_memory
     from tunecast.plan.planner import Planner
@@ -182,24 +179,20 @@ def predict(row: dict[str, str], catalog: Any, known: tuple[str, ...], engines: 
 
     if catalog.gpus.find(row["gpu"]) is None:
         return f"GPU {row['gpu']!r} is not in the catalog"
-    strategy = strategy_for(row, known)
+    strategy = strategy_for(row)
     settings = settings_for(row, strategy)
-    result = Result(row, strategy, engines.get(strategy, strategy))
+    result = Result(row, strategy, STRATEGY_ENGINES[strategy])
     try:
         loaded = _loaded(settings, catalog)
     except TunecastError as error:
-        refusal = _problems(error)
-        qlora_sharded = all(p.field == "gpus.strategy" and "QLoRA" in p.message
-                            for p in error.problems if p.severity == "error")
-        if not qlora_sharded:
-            return f"the RunSpec refuses it: {refusal}"
-        loaded = _past_check(settings, catalog)
-        result.past_check, result.refusal = True, refusal
+        return f"the RunSpec refuses it: {_problems(error)}"
     gpu = loaded.gpu
     estimate = estimate_memory(loaded.spec, loaded.model.data, device="cuda", gpu=gpu, overheads=catalog.overheads)
     result.memory_gib = _memory_counter(estimate, row["memory_counter"])
     result.allocated_gib = estimate.peak_allocated_gib
     result.verdict = _verdict(estimate, gpu)
+    if row["memory_counter"] == LOADING_COUNTER and loaded.model.params:
+        result.load_peak_gib = 2 * loaded.model.params * (1 + 1 / int(row["gpu_count"])) / 2**30
     parts = ", ".join(f"{key} {value:.1f}" for key, value in estimate.breakdown_gib.items() if abs(value) >= 0.05)
     result.memory_note = (f"peak in {estimate.peak_phase}: {parts}; allocated {estimate.peak_allocated_gib:.1f}, "
                           f"reserved {estimate.peak_reserved_gib:.1f}, device {estimate.device_total_gib:.1f} GiB"
@@ -226,18 +219,15 @@ def predict(row: dict[str, str], catalog: Any, known: tuple[str, ...], engines: 
 
 def check(only: str | None) -> Checked:
     from tunecast.catalog.store import load_catalog
-    from tunecast.config import spec as spec_module
 
     catalog = load_catalog(None)
-    known = typing.get_args(spec_module.Strategy)
-    engines = getattr(spec_module, "STRATEGY_ENGINES", {})
     checked = Checked()
     with DATA.open() as handle:
         for row in csv.DictReader(handle):
             if only is not None and row["split"] != only:
                 continue
             started = time.perf_counter()
-            outcome = predict(row, catalog, known, engines)
+            outcome = predict(row, catalog)
             if isinstance(outcome, str):
                 checked.skipped.append((row["id"], outcome))
                 print(f"{row['id']}: not predicted: {outcome}", file=sys.stderr)
@@ -344,20 +334,26 @@ def fit_lines(results: list[Result]) -> list[str]:
 
 
 def render(checked: Checked, elapsed: float) -> str:
-    validated = [r for r in checked.results if not r.past_check]
-    past = [r for r in checked.results if r.past_check]
+    validated = checked.results
     slow = [f"`{r.row['id']}` {r.seconds:.0f} s" for r in checked.results if r.seconds > SLOW_S]
     lines = [f"Run with `.venv/bin/python benchmarks/multi_gpu_check.py` on {time.strftime('%Y-%m-%d')} in "
              f"{elapsed / 60:.1f} minutes; slow rows (over {SLOW_S:.0f} s): {', '.join(slow) or 'none'}.", "",
              "### Summary: what tunecast answers today", "", *summary(validated), "", "Fit verdicts:", "",
              *fit_lines(validated), "", "### Every row tunecast predicts", "", *table(validated)]
-    if past:
-        reasons = sorted({r.refusal for r in past})
-        lines += ["", "### QLoRA sharded over GPUs: refused today, estimated past that check", "",
-                  "`tunecast memory` and `tunecast plan` refuse these runs (" + "; ".join(reasons) + "). Estimated "
-                  "here as the same spec validated as DDP, then given the row's strategy and offload: what the "
-                  "estimator would answer if the check let them through. Not in the summary above.", "",
-                  *summary(past), "", *fit_lines(past), "", *table(past)]
+    loading = [r for r in checked.results if r.load_peak_gib is not None and r.row["memory_gib"]]
+    if loading:
+        lines += ["", "### Counters that hold the checkpoint's loading", "",
+                  "These runs' figure is litgpt's max_memory_allocated over the whole script, whose peak is the "
+                  "loading: the full checkpoint loaded under FSDP's full-state-dict context gathers every 16-bit "
+                  "weight beside the shards, 2Ψ(1 + 1/N) bytes for Ψ parameters over N GPUs. They are left out of the "
+                  "memory summary (tunecast estimates the training step, whose peak is below it here) and compared "
+                  "with that loading:", "",
+                  "| row | measured GiB | 2Ψ(1 + 1/N) GiB | error | training step predicted GiB |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in loading:
+            measured = float(r.row["memory_gib"])
+            lines.append(f"| `{r.row['id']}` | {measured:.2f} | {r.load_peak_gib:.2f} | "
+                         f"{_pct((r.load_peak_gib - measured) / measured)} | {_num(r.memory_gib, 2)} |")
     lines += ["", "### Not predicted", ""]
     lines += [f"- `{row_id}`: {why}" for row_id, why in checked.skipped]
     with NOT_EXPRESSIBLE.open() as handle:

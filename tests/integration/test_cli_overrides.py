@@ -43,8 +43,10 @@ def test_checking_lora_targets_imports_no_torch() -> None:
     assert "HEAVY=[] CODE=2" in result.stderr, result.stderr
 
 
-def test_qlora_sharded_over_several_gpus_is_refused_before_anything_starts(cli) -> None:
-    result = cli("validate", TINY, "--method", "qlora", "--gpus", "2", "--strategy", "fsdp")
+def test_qlora_sharded_over_several_gpus_is_estimated_but_not_trained(cli) -> None:
+    checked = cli("validate", TINY, "--method", "qlora", "--gpus", "2", "--strategy", "fsdp")
+    assert checked.code == 0 and "tunecast train refuses it" in " ".join(checked.stderr.split())
+    result = cli("train", TINY, "--method", "qlora", "--gpus", "2", "--strategy", "fsdp")
     assert result.code == 2 and "QLoRA's 4-bit weights cannot be sharded" in " ".join(result.stderr.split())
 
 

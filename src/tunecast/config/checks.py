@@ -88,7 +88,8 @@ def cross_field_problems(spec: RunSpec, locate: Locate) -> list[Problem]:
         add("lora", "is ignored with method full", "remove the lora section or use method lora",
             severity="warning")
     if spec.runner == "tunecast":  # another tool's limits are its own; global_batch is checked above
-        problems.extend(p for p in distributed_problems(spec, spec.gpus.count, locate) if p.field != "global_batch")
+        problems.extend(p for p in distributed_problems(spec, spec.gpus.count, locate, training=False)
+                        if p.field != "global_batch")
     _dataset_problems(spec, add)
     return problems
 
@@ -106,16 +107,22 @@ def _quantization_problems(spec: RunSpec, add: Callable[..., None]) -> None:
             "remove lora.double_quant, or set quantization.bits: 4")
 
 
-def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = None) -> list[Problem]:
-    """What tunecast's own loop cannot do over several processes. `validate` asks with gpus.count, the run itself
-    (train/session.py) with its real number of processes, so that both refuse the same runs before anything
-    starts."""
+def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = None, *,
+                         training: bool = True) -> list[Problem]:
+    """What tunecast's own loop cannot do over several processes. `validate` asks with gpus.count, `tunecast train`
+    and the run itself (train/session.py) with its real number of processes, so that both refuse the same runs before
+    anything starts. Without `training` (`validate`, for `memory` and `plan`), what other tools run and tunecast
+    estimates — QLoRA sharded over GPUs, DeepSpeed — is a warning: the estimate is of tunecast's step run so."""
     if processes <= 1:
         return []
     problems: list[Problem] = []
 
-    def add(key: str, message: str, hint: str) -> None:
-        problems.append(Problem(key, message, hint, location=locate(key) if locate is not None else None))
+    def add(key: str, message: str, hint: str, *, estimated: bool = False) -> None:
+        severity = "warning" if estimated and not training else "error"
+        if severity == "warning":
+            message += ": tunecast train refuses it; the estimate is of tunecast's step run so, as other tools run it"
+        problems.append(Problem(key, message, hint, severity=severity,
+                                location=locate(key) if locate is not None else None))
 
     if spec.loss == "chunked":
         add("loss", f"chunked computes the loss outside the model's forward pass, which DDP and FSDP2 need to "
@@ -124,7 +131,8 @@ def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = 
         bits = spec.quantization.bits
         add("gpus.strategy", f"QLoRA's {bits}-bit weights cannot be sharded by "
             f"{STRATEGY_ENGINES[spec.gpus.strategy]} ({processes} processes)",
-            f"use gpus.strategy: ddp for QLoRA (each GPU holds the {bits}-bit base), or method: lora with fsdp")
+            f"use gpus.strategy: ddp for QLoRA (each GPU holds the {bits}-bit base), or method: lora with fsdp",
+            estimated=True)
     if spec.optimizer_in_backward:
         add("optimizer_in_backward", "steps each parameter inside the backward pass, before its gradient is averaged "
             f"over the {processes} processes", "set optimizer_in_backward: false with several GPUs, or train on one")
@@ -132,8 +140,9 @@ def distributed_problems(spec: RunSpec, processes: int, locate: Locate | None = 
         stage = spec.gpus.strategy
         add("gpus.strategy", f"{stage} is DeepSpeed ZeRO-{stage[-1]}, which tunecast's own loop does not run (it "
             f"trains with DDP and FSDP2; {processes} processes)",
-            f"set runner to the tool that runs DeepSpeed (hf-trainer, trl, axolotl or llamafactory) to estimate it, or "
-            f"gpus.strategy to {FSDP_EQUIVALENT[stage]} to train it with tunecast")
+            f"set gpus.strategy to {FSDP_EQUIVALENT[stage]} to train it with tunecast (FSDP2 shards the same states), "
+            "or runner to the tool that runs DeepSpeed (hf-trainer, trl, axolotl or llamafactory) for its step",
+            estimated=True)
     if spec.global_batch is not None and spec.global_batch % processes:
         lower = spec.global_batch // processes * processes
         options = [n for n in (lower, lower + processes) if n > 0]

@@ -67,9 +67,11 @@ def buffers(spec: RunSpec, hidden: int | None) -> Buffers:
                    resolved(settings.stage3_param_persistence_threshold, 10 * h))
 
 
-def apply_deepspeed(step: StepMemory, spec: RunSpec, facts: Facts, layers: int, hidden: int | None) -> None:
+def apply_deepspeed(step: StepMemory, spec: RunSpec, facts: Facts, layers: int, hidden: int | None,
+                    layer_bytes: float) -> None:
     """Replace the traced step's model states (weights, trained weights, gradients, optimizer states) by DeepSpeed's
-    layout on one rank, for `spec.gpus.strategy` zero1, zero2 or zero3 (see the module's docstring)."""
+    layout on one rank, for `spec.gpus.strategy` zero1, zero2 or zero3 (see the module's docstring). `layer_bytes`:
+    one decoder layer's weights as stored (QLoRA's quantized), what ZeRO-3 gathers."""
     stage = int(spec.gpus.strategy[-1])
     ranks = spec.gpus.count
     settings = buffers(spec, hidden)
@@ -92,8 +94,8 @@ def apply_deepspeed(step: StepMemory, spec: RunSpec, facts: Facts, layers: int, 
     frozen_whole = max(memory.breakdown["weights"] for memory in phases.values())
     quantization = max(memory.breakdown["quantization"] for memory in phases.values())
     whole = frozen_whole + half * trained + quantization
-    root = max(0.0, whole - layers * facts.layer_bytes)  # embeddings, final norm, head
-    gathered = max(facts.layer_bytes, root / 2) + min(settings.prefetch_bucket * half, facts.layer_bytes)
+    root = max(0.0, whole - layers * layer_bytes)  # embeddings, final norm, head
+    gathered = max(layer_bytes, root / 2) + min(settings.prefetch_bucket * half, layer_bytes)
     on_gpu = offload == "none"
     for phase, memory in phases.items():
         b = memory.breakdown

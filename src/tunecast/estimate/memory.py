@@ -25,12 +25,12 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate import replays
-from tunecast.estimate.deepspeed import apply_deepspeed, model_hidden_size
+from tunecast.estimate.deepspeed import TRACED_DTYPE_STATES, apply_deepspeed, model_hidden_size
 from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.tracer import CATEGORIES
-from tunecast.step.settings import TraceSettings
+from tunecast.step.settings import TraceSettings, sixteen_bit_weights
 from tunecast.step.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.units import BYTES_PER_GIB, format_params
 
@@ -456,7 +456,18 @@ def _apply_activation_offload(step: StepMemory, layers: int) -> None:
     step.notes.append("activation offload: saved activations kept in CPU RAM, two layers' worth on the GPU")
 
 
-def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: int, layers: int) -> None:
+def stored_layer_bytes(spec: RunSpec, layer_bytes: float, quantizable_numel: float, layers: int,
+                       param_bytes: int) -> float:
+    """Bytes of one decoder layer's weights as stored, which is what FSDP and ZeRO-3 gather: QLoRA's quantized Linear
+    weights (`quantizable_numel` of the model's) in 4 or 8 bits (their constants are few), the rest as traced."""
+    if spec.method != "qlora":
+        return float(layer_bytes)
+    stored = NF4_BYTES_PER_WEIGHT if spec.quantization.bits == 4 else 1
+    return layer_bytes - quantizable_numel / max(layers, 1) * (param_bytes - stored)
+
+
+def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int,
+                    layer_bytes: float) -> None:
     """Per-GPU memory for the multi-GPU strategy and CPU offload.
 
     FSDP2 as tunecast wraps it (train/distributed.py): every decoder layer a unit, the rest of the model
@@ -467,6 +478,7 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     DeepSpeed's stages: deepspeed.py."""
     gpus = spec.gpus
     count = gpus.count
+    grad_bytes = 4 if spec.method != "full" else param_bytes
     if gpus.strategy == "ddp":
         if count > 1:
             # torch DDP allocates communication buckets holding a copy of every gradient
@@ -477,23 +489,32 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
             step.notes.append("DDP: gradient buckets (a second copy of the gradients) on every GPU")
         return
     shard_weights = gpus.strategy == "fsdp"
+    # accelerate's FSDP under mixed precision (settings.py sixteen_bit_weights): the step was traced on 16-bit weights,
+    # which are what it gathers; the shards keep fp32 weights, gradients and optimizer states
+    frozen_widen = trained_widen = 1.0
+    if count > 1 and sixteen_bit_weights(spec):
+        frozen_widen = 4 / param_bytes
+        traced_trained = max(memory.breakdown["trainable_weights"] for memory in step.phases.values())
+        if traced_trained and facts.trainable_numel:
+            trained_widen = 4 / (traced_trained / facts.trainable_numel)
+    states_widen = trained_widen if spec.optimizer in TRACED_DTYPE_STATES else 1.0
     for phase, memory in step.phases.items():
         b = memory.breakdown
         whole = b["trainable_weights"] if spec.method == "full" else b["weights"]
-        root = max(0.0, whole - layers * facts.layer_bytes)
+        root = max(0.0, whole - layers * layer_bytes)
         # A backward peak with (next to) no activation left comes at the end of the backward pass (checkpointed or
         # full fine-tuning runs, whose gradients pile up): every layer is resharded by then, only the root gathered.
         ended = phase == "backward" and b["activations"] <= ENDED_ACTIVATIONS * sum(b.values())
         traced_gradients = b["gradients"]
         if count > 1:
-            gathered = root if ended else (whole if not shard_weights else root + 2 * facts.layer_bytes)
-            b["weights"] /= count
-            b["trainable_weights"] /= count
+            gathered = root if ended else (whole if not shard_weights else root + 2 * layer_bytes)
+            b["weights"] *= frozen_widen / count
+            b["trainable_weights"] *= trained_widen / count
             b["quantization"] /= count
             if phase != "optimizer":
                 b["temporaries"] += gathered
-        b["gradients"] /= count
-        b["optimizer"] /= count
+        b["gradients"] *= trained_widen / count
+        b["optimizer"] *= states_widen / count
         if phase != "backward" or count == 1:
             continue
         if not ended:
@@ -524,7 +545,8 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, grad_bytes: i
     label = {"fsdp": "FSDP2 full shard",
              "fsdp-grad-op": "FSDP2 without resharding after the forward pass (SHARD_GRAD_OP)"}[gpus.strategy]
     kept = "every layer" if gpus.strategy == "fsdp-grad-op" else "the embeddings and head, and two layers,"
-    step.notes.append(f"{label} over {count} GPU(s): shards modelled, plus {kept} gathered for the passes")
+    mixed = " (mixed precision as accelerate runs it: fp32 shards, gathered in 16 bits)" if frozen_widen != 1 else ""
+    step.notes.append(f"{label} over {count} GPU(s){mixed}: shards modelled, plus {kept} gathered for the passes")
 
 
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int, *, tokens: int,
@@ -538,10 +560,11 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
     _apply_optimizer(step, spec, facts)
     if spec.activation_offload:
         _apply_activation_offload(step, layers)
+    layer_bytes = stored_layer_bytes(spec, facts.layer_bytes, facts.quantizable_numel, layers, param_bytes)
     if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
-        apply_deepspeed(step, spec, facts, layers, hidden)
+        apply_deepspeed(step, spec, facts, layers, hidden, layer_bytes)
     else:
-        _apply_strategy(step, spec, facts, grad_bytes=4 if spec.method != "full" else param_bytes, layers=layers)
+        _apply_strategy(step, spec, facts, param_bytes=param_bytes, layers=layers, layer_bytes=layer_bytes)
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,

@@ -21,7 +21,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.offers import Offer
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedSpec
-from tunecast.config.spec import DEEPSPEED_STRATEGIES, STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
+from tunecast.config.spec import STRATEGY_ENGINES, TORCH_ADAMW, RunSpec
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import ProfilePair, get_profiles
 from tunecast.plan.calibration import Calibration
@@ -107,7 +107,7 @@ class Option:
             "micro_batch": c.micro_batch if c else None, "grad_accum": c.grad_accum if c else None,
             "grad_checkpointing": c.grad_checkpointing if c else None,
             "strategy": c.spec.gpus.strategy if c else None,
-            **launch_of(self.gpu_count, c.spec.gpus.strategy if c else None),
+            **launch_of(self.gpu_count, c.spec if c else None),
             "changes": list(c.changes) if c else [],
             "peak_reserved_gib": round(c.memory.peak_reserved_gib, 2) if c else None,
             "device_total_gib": round(c.memory.device_total_gib, 2) if c else None,
@@ -471,17 +471,24 @@ def gpus_text(option: dict[str, Any]) -> str:
     return f"{option['gpu_count']}×{option['gpu']}{strategy}"
 
 
-def launch_of(count: int, strategy: str | None) -> dict[str, Any]:
-    """How an option of `count` GPUs is run: the engine, the launcher, the nodes it spans."""
+def launch_of(count: int, spec: RunSpec | None) -> dict[str, Any]:
+    """How an option of `count` GPUs is run: the engine, the launcher, the nodes it spans. What tunecast estimates
+    but its own loop does not run (DeepSpeed, QLoRA sharded: config/checks.py `distributed_problems`) is launched by
+    the tool that runs it."""
     nodes = max(1, -(-count // GPUS_PER_NODE))
-    if strategy is None:  # no configuration fits
+    if spec is None:  # no configuration fits
         return {"engine": None, "launcher": None, "nodes": nodes}
+    strategy = spec.gpus.strategy
     if count == 1:
         engine, launcher = "one process", "tunecast train"
     else:
+        from tunecast.config.checks import distributed_problems
+
         engine = STRATEGY_ENGINES[strategy]
-        if strategy in DEEPSPEED_STRATEGIES:  # tunecast estimates DeepSpeed; the runner's tool runs it
-            launcher = f"accelerate launch or deepspeed, {count} processes{f' on {nodes} nodes' if nodes > 1 else ''}"
+        refused = [p for p in distributed_problems(spec, count) if p.field == "gpus.strategy"]
+        if refused or spec.runner != "tunecast":
+            launcher = (f"accelerate launch, {count} processes{f' on {nodes} nodes' if nodes > 1 else ''}, with the "
+                        "tool that runs it (tunecast train does not)")
         elif nodes == 1:
             launcher = f"tunecast train --gpus {count} (or torchrun / accelerate launch)"
         else:

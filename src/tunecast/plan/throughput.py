@@ -49,6 +49,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate.deepspeed import buffers as deepspeed_buffers
+from tunecast.estimate.memory import stored_layer_bytes
 from tunecast.estimate.profiles import ProfilePair
 from tunecast.plan.cost import GPUS_PER_NODE
 from tunecast.step.settings import TRACED_OPTIMIZERS
@@ -404,11 +405,13 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
     communication_s = 0.0
     link = None
     strategy = spec.gpus.strategy
-    if gpu_count > 1 and strategy != "ddp":
-        optimizer_s /= gpu_count  # each GPU steps its shard of the trained weights
+    if gpu_count > 1 and strategy != "ddp" and spec.gpus.offload == "none":
+        optimizer_s /= gpu_count  # each GPU steps its shard (offloaded, the shards share the host: not divided)
     if gpu_count > 1:
         link = collective_link(gpu, gpu_count, constants, internode_gb_per_s)
-        layer_bytes = _depth(pair, lambda p: p.facts.layer_bytes)
+        layer_bytes = stored_layer_bytes(spec, _depth(pair, lambda p: p.facts.layer_bytes),
+                                         _depth(pair, lambda p: p.facts.quantizable_numel), pair.layers,
+                                         pair.deeper.facts.param_dtype_bytes)
         reduced = trainable * param_bytes
         bucket, overlap = float(DDP_BUCKET_BYTES), True
         if strategy in DEEPSPEED_STRATEGIES:  # DeepSpeed's 16-bit model: its gradients and weights move in 16 bits

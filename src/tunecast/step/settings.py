@@ -35,10 +35,28 @@ TRACED_PRECISION = {"fp16-mixed": "bf16-mixed", "fp8": "bf16"}
 # Optimizers the trace runs as they are; bitsandbytes' 8-bit and paged ones are modelled on `adamw`.
 TRACED_OPTIMIZERS = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
+# The runners whose FSDP is accelerate's (LLaMA-Factory v1's own FSDP2 engine does the same): under bf16 or fp16
+# mixed precision it gathers each unit's weights in 16 bits (MixedPrecisionPolicy's param_dtype), so the step computes
+# on 16-bit weights, with no autocast copies of them, and the fp32 weights exist only as shards.
+ACCELERATE_FSDP_RUNNERS = ("hf-trainer", "trl", "axolotl", "llamafactory")
+
+
+def sixteen_bit_weights(spec: RunSpec) -> bool:
+    """Whether a mixed-precision run computes on 16-bit weights kept apart from its fp32 ones: DeepSpeed's bf16 and
+    fp16 modes (the model cast to 16 bits, the fp32 master inside its optimizer: estimate/deepspeed.py) and
+    accelerate's FSDP (the fp32 shards gathered in 16 bits: estimate/memory.py `_apply_strategy`). Their step is
+    traced in bf16."""
+    if spec.precision not in ("bf16-mixed", "fp16-mixed"):
+        return False
+    if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
+        return True
+    return spec.gpus.strategy in ("fsdp", "fsdp-grad-op") and spec.gpus.count > 1 and \
+        spec.runner in ACCELERATE_FSDP_RUNNERS
+
+
 def _traced_precision(spec: RunSpec) -> str:
-    """The precision traced: DeepSpeed's bf16 and fp16 modes cast the whole model to 16 bits and keep the fp32 master
-    weights inside its optimizer (estimate/deepspeed.py lays those out), so their step is traced in bf16."""
-    if spec.gpus.strategy in DEEPSPEED_STRATEGIES and spec.precision in ("bf16-mixed", "fp16-mixed"):
+    """The precision traced (fp16 autocast as bf16's, fp8 as bf16; 16-bit weights apart from fp32 ones as bf16)."""
+    if sixteen_bit_weights(spec):
         return "bf16"
     return TRACED_PRECISION.get(spec.precision, spec.precision)
 

@@ -16,11 +16,8 @@ TINY = REPO / "examples" / "tiny-lora.yaml"
 
 
 @pytest.mark.parametrize(("settings", "field", "text"), [
-    (["method=qlora", "gpus.strategy=fsdp"], "gpus.strategy", "QLoRA's 4-bit weights cannot be sharded"),
-    (["method=qlora", "gpus.strategy=fsdp-grad-op"], "gpus.strategy", "cannot be sharded"),
     (["loss=chunked"], "loss", "outside the model's forward pass"),
     (["optimizer_in_backward=true", "grad_accum=1"], "optimizer_in_backward", "before its gradient is averaged"),
-    (["gpus.strategy=zero3"], "gpus.strategy", "DeepSpeed ZeRO-3, which tunecast's own loop does not run"),
 ])
 def test_validate_refuses_what_several_gpus_cannot_run(catalog, settings: list[str], field: str, text: str) -> None:
     overrides = [parse_set(s) for s in [*settings, "gpus.count=2"]]
@@ -28,6 +25,20 @@ def test_validate_refuses_what_several_gpus_cannot_run(catalog, settings: list[s
     with pytest.raises(ConfigError) as error:
         load_spec(TINY, overrides, catalog)
     assert text in problems_of(error)[field] and "2 processes" in problems_of(error)[field]
+
+
+@pytest.mark.parametrize(("settings", "text"), [
+    (["method=qlora", "gpus.strategy=fsdp"], "QLoRA's 4-bit weights cannot be sharded"),
+    (["method=qlora", "gpus.strategy=fsdp-grad-op"], "cannot be sharded"),
+    (["gpus.strategy=zero3"], "DeepSpeed ZeRO-3, which tunecast's own loop does not run"),
+])
+def test_what_other_tools_run_is_estimated_with_a_warning_and_refused_by_train(catalog, settings: list[str],
+                                                                               text: str) -> None:
+    loaded = load_spec(TINY, [parse_set(s) for s in [*settings, "gpus.count=2"]], catalog)
+    [warning] = [p for p in loaded.warnings if p.field == "gpus.strategy"]
+    assert text in warning.message and "tunecast train refuses it" in warning.message
+    [refusal] = [p for p in distributed_problems(loaded.spec, 2) if p.field == "gpus.strategy"]
+    assert refusal.severity == "error" and text in refusal.message
 
 
 def test_another_runner_keeps_its_own_limits(catalog) -> None:

@@ -5,6 +5,8 @@ docs/research/deepspeed-cpu.md measured on real ranks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tunecast.config.spec import RunSpec
@@ -40,7 +42,7 @@ def _states(strategy: str, count: int, phase: str = "optimizer", **gpus: object)
     step, facts = _full_bf16_step()
     spec = RunSpec(model="m", method="full", precision="bf16-mixed",
                    gpus={"strategy": strategy, "count": count, **gpus})
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN)
+    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
     return sum(step.phases[phase].breakdown[c] for c in STATES), step
 
 
@@ -91,7 +93,7 @@ def _accumulating(strategy: str) -> StepMemory:
     step, facts = _full_bf16_step()
     spec = RunSpec(model="m", method="full", precision="bf16-mixed", grad_accum=4,
                    gpus={"strategy": strategy, "count": 8})
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN)
+    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
     return step
 
 
@@ -129,9 +131,31 @@ def test_zero3_keeps_small_lora_matrices_whole(threshold: int | str, whole: bool
                    gpus={"strategy": "zero3", "count": 8,
                          "deepspeed": {"stage3_param_persistence_threshold": threshold}})
     step = step_of(phases)
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN)
+    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
     adapters = step.phases["forward"].breakdown["trainable_weights"]
     assert adapters == (2 * trained if whole else 2 * trained / 8)
     assert step.phases["forward"].breakdown["weights"] == 2 * PSI / 8
     # adapters traced in fp32 with fp32 AdamW states: the states stay 8 bytes an element, beside a 4-byte master
     assert step.phases["forward"].breakdown["optimizer"] == (4 + 8) * trained / 8
+
+
+def test_accelerate_fsdp_mixed_precision_keeps_fp32_shards_and_computes_in_16_bits(catalog) -> None:
+    """The Trainer's FSDP under bf16 mixed precision gathers the fp32 shards in bf16 (MixedPrecisionPolicy), so no
+    autocast copy of a weight is saved for the backward pass; tunecast's own loop autocasts fp32 weights instead."""
+    from tests.models import tiny_llama
+
+    from tunecast.estimate.memory import estimate_memory
+
+    def estimate(runner: str) -> Any:
+        spec = RunSpec(model="m", method="full", precision="bf16-mixed", runner=runner, micro_batch=2, seq_len=64,
+                       gpus={"strategy": "fsdp", "count": 4})
+        return estimate_memory(spec, tiny_llama(), device="cuda", gpu=catalog.gpus.get("h100"),
+                               overheads=catalog.overheads)
+
+    trainer, own = estimate("hf-trainer"), estimate("tunecast")
+    # ten layers (q and o 64 × 64; k and v 64 × 32, two of four heads; the MLP 3 × 64 × 160; two norms), two
+    # untied embeddings and the final norm
+    params = 10 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 160 + 2 * 64) + 2 * 512 * 64 + 64
+    assert trainer.breakdown_gib["trainable_weights"] * 2**30 == pytest.approx(4 * params / 4)  # fp32 shards
+    assert any("gathered in 16 bits" in note for note in trainer.notes)
+    assert trainer.breakdown_gib["activations"] < own.breakdown_gib["activations"]  # no fp32 → bf16 weight copies
