@@ -33,10 +33,10 @@ MARK = "throughput"
 # How each measured run was set up, from its source (the NeMo performance summary's fine-tuning table and
 # litgpt's resource tables), where the CSV does not carry it.
 NEMO_GLOBAL_BATCH = 32  # NeMo 24.09 fine-tuning rows: global batch 32, micro-batch 1, packed 4096-token sequences
-# NeMo shards optimizer states across data-parallel ranks (its distributed optimizer): ZeRO-2 is the closest
-# strategy a RunSpec names. The 70B model does not fit a GPU whole: NeMo splits it with tensor and pipeline
+# NeMo shards optimizer states across data-parallel ranks (its distributed optimizer): FSDP2's grad-op mode is the
+# closest strategy a RunSpec names. The 70B model does not fit a GPU whole: NeMo splits it with tensor and pipeline
 # parallelism, which tunecast does not model; FSDP is the sharding a transformers user would run.
-NEMO_STRATEGY = {"full": "zero2", "lora": "ddp"}
+NEMO_STRATEGY = {"full": "fsdp-grad-op", "lora": "ddp"}
 LARGE_MODEL_PARAMS = 30e9
 # Both frameworks keep LoRA adapters in the model's dtype (bf16), not in fp32 as peft does by default.
 FP32_ADAPTERS = False
