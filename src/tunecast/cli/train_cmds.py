@@ -17,7 +17,6 @@ from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
-from tunecast.config.checks import distributed_problems
 from tunecast.errors import Problem
 from tunecast.estimate.progress import listening
 from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, PreemptionFlag
@@ -238,12 +237,14 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
                             hint="remove runner (or --runner) to train with tunecast; `tunecast train --dry-run "
                                  f"--runner {loaded.spec.runner}` shows what that tool's run would hold")
     world = world_from_env()
-    refused = [p for p in distributed_problems(loaded.spec, world.size if world.distributed else loaded.spec.gpus.count)
-               if p.field != "global_batch"]
-    if refused:  # what `validate` lets `memory` and `plan` estimate (QLoRA sharded, DeepSpeed) but tunecast cannot run
+    if not world.distributed:  # under a launcher every rank checks its run (train/session.py), rank 0 reporting
+        from tunecast.config.checks import distributed_problems
         from tunecast.errors import TunecastError
 
-        raise TunecastError(refused[0].message, field=refused[0].field, hint=refused[0].hint)
+        # what `validate` lets `memory` and `plan` estimate (QLoRA sharded, DeepSpeed) but tunecast cannot run
+        refused = [p for p in distributed_problems(loaded.spec, loaded.spec.gpus.count) if p.field != "global_batch"]
+        if refused:
+            raise TunecastError(refused[0].message, field=refused[0].field, hint=refused[0].hint)
     if world.distributed and loaded.spec.fixed("gpus.count") and loaded.spec.gpus.count != world.size:
         from tunecast.errors import TunecastError
 
