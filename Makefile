@@ -9,7 +9,7 @@ TORCH_PIN ?= torch==2.13.0
 DEMO_CONFIG ?= examples/llama-3.1-8b-lora.yaml
 TRAIN_DEMO ?= examples/tiny-lora.yaml
 
-.PHONY: demo test lint typecheck unit clean screenshots browser
+.PHONY: demo test lint typecheck unit clean screenshots browser .venv-deepspeed
 
 # SkyPilot in an environment of its own: it pins click below 8.2, which huggingface_hub 2 does not accept. The
 # exported task is read back by SkyPilot's parser from there (tests/unit/launch/test_launch.py).
@@ -20,6 +20,22 @@ $(SKY_STAMP):
 	test -x $(SKY_VENV)/bin/python || $(PYTHON) -m venv $(SKY_VENV)
 	$(SKY_VENV)/bin/python -m pip install -q "skypilot>=0.8"
 	touch $(SKY_STAMP)
+
+# DeepSpeed in an environment of its own, for benchmarks/deepspeed_rank_memory.py: the same torch as $(VENV) (the
+# local CPU wheel pip's find-links serves), the transformers, accelerate and peft of constraints.txt, and DeepSpeed's
+# ops left to build on first use (DS_BUILD_OPS=0: it is published as an sdist; its C++ ops JIT-compile with g++ and
+# ninja). tunecast itself never imports DeepSpeed.
+DS_VENV ?= .venv-deepspeed
+DS_STAMP := $(DS_VENV)/.deepspeed-installed
+
+.venv-deepspeed: $(DS_STAMP)
+
+$(DS_STAMP): constraints.txt
+	test -x $(DS_VENV)/bin/python || $(PYTHON) -m venv $(DS_VENV)
+	$(DS_VENV)/bin/python -c "import torch" 2>/dev/null || $(DS_VENV)/bin/python -m pip install -q "$(TORCH_PIN)"
+	DS_BUILD_OPS=0 $(DS_VENV)/bin/python -m pip install -q deepspeed==0.19.8 transformers accelerate peft ninja \
+		-c constraints.txt
+	touch $(DS_STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,4 +67,4 @@ unit: $(STAMP) $(SKY_STAMP) browser
 test: lint unit
 
 clean:
-	rm -rf $(VENV) $(SKY_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(SKY_VENV) $(DS_VENV) .pytest_cache .mypy_cache .ruff_cache
