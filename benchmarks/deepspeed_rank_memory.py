@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from tunecast.catalog.store import load_catalog  # noqa: E402
 from tunecast.config.spec import RunSpec  # noqa: E402
-from tunecast.estimate.deepspeed import model_hidden_size  # noqa: E402
+from tunecast.estimate.deepspeed import model_sizes  # noqa: E402
 from tunecast.estimate.memory import StepMemory, _traced_step  # noqa: E402
 from tunecast.estimate.profiles import get_profiles  # noqa: E402
 from tunecast.step.settings import TraceSettings  # noqa: E402
@@ -61,7 +61,7 @@ class Case:
     method: str = "full"
     persistence: int = 100_000  # stage3_param_persistence_threshold, DeepSpeed's default
     prefetch: int = 50_000_000  # stage3_prefetch_bucket_size, DeepSpeed's default
-    reuse: int = 1_000_000_000  # stage3_max_reuse_distance, DeepSpeed's default (tunecast has no such key)
+    reuse: int = 1_000_000_000  # stage3_max_reuse_distance, DeepSpeed's default
 
 
 CASES = (
@@ -108,17 +108,17 @@ def spec_of(case: Case, model: Path, strategy: str | None = None) -> RunSpec:
         "optimizer": "adamw", "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN,
         "gpus": {"count": RANKS, "strategy": strategy or f"zero{case.stage}",
                  "offload": "optimizer" if case.offload else "none",
-                 # tunecast takes no prefetch of 0 elements (DeepSpeed's "off"): 1, the nearest it takes
                  "deepspeed": {"reduce_bucket_size": REDUCE_BUCKET,
-                               "stage3_prefetch_bucket_size": max(case.prefetch, 1),
-                               "stage3_param_persistence_threshold": case.persistence}}})
+                               "stage3_prefetch_bucket_size": case.prefetch,
+                               "stage3_param_persistence_threshold": case.persistence,
+                               "stage3_max_reuse_distance": case.reuse}}})
 
 
 def traced(spec: RunSpec, data: dict[str, Any]) -> StepMemory:
     settings = TraceSettings.from_spec(spec, device="cpu")
     pair = get_profiles(data, settings, MICRO_BATCH, SEQ_LEN, exact=True)
     return _traced_step(pair, spec, MICRO_BATCH, SEQ_LEN, cuda=False, workspace=0,
-                        checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(data))
+                        checkpointing=settings.grad_checkpointing, sizes=model_sizes(data))
 
 
 def predicted(case: Case, model: Path, data: dict[str, Any]) -> dict[str, Any]:
@@ -317,46 +317,48 @@ def document(rows: dict[str, list[str]], notes: list[str], versions: dict[str, s
         "(shown: its forward temporaries above the same trace at ZeRO-2's).", "",
         "| case | forward peak, measured | end of backward | tunecast | error (forward) |", "|---|---|---|---|---|",
         *rows["gathered"], "",
-        "## Where the figures differ, and why (DeepSpeed 0.19.8's code)", "", *WHY, "",
+        "## DeepSpeed's own buffers, and what is left (DeepSpeed 0.19.8's code)", "", *WHY, "",
         "## What each rank held, by DeepSpeed attribute (bytes)", "", *notes, ""])
 
 
 # The terms behind the differences in the tables, each with the lines of DeepSpeed 0.19.8 (deepspeed/runtime/) that
 # allocate it; the tables show how large each is here.
 WHY = (
+    "What tunecast counts of DeepSpeed's own buffers (estimate/deepspeed.py), each found on these ranks first:",
     "- **ZeRO-1 holds the 16-bit gradients of other ranks' weights through the backward pass** when a weight has more "
     "elements than `reduce_bucket_size`: such a gradient bypasses the bucket and keeps its own storage "
     "(zero/stage_1_and_2.py:1443-1447), and stage 1 clears only the gradients it copied into its partition "
     "(:2271-2273; ZeRO-2 clears the others' at :2262-2270); they are freed at the step (:3103). With the 5e5 bucket "
     "here that is most of the model; with DeepSpeed's default 5e8 only weights above 5e8 elements (Llama-3.1-8B's "
-    "128k × 4096 embeddings and head), with the Trainer's `auto` (h²) also the MLP matrices (Llama-3.1-8B: 6.7 of its "
-    "8.0B elements). tunecast counts whole gradients at ZeRO-1 only with grad_accum > 1.",
+    "128k × 4096 embeddings and head), with the Trainer's `auto` (h²) also the MLP matrices. Counted from the "
+    "model's weight shapes.",
     "- **ZeRO-1/2's step flattens the 16-bit gradient partition and casts the copy to fp32** "
     "(zero/stage_1_and_2.py:3117-3119): for that moment the partition, its flat copy and the fp32 gradient coexist, "
-    "2Ψ/N more than the moment after (and than DeepSpeed's 2Ψ + 18Ψ/N). tunecast's optimizer phase has the partition "
-    "and the fp32 gradient, not the copy. Offload takes another path (no copy).",
+    "2Ψ/N more than the moment after, and than DeepSpeed's own 2Ψ + 18Ψ/N. Counted in the optimizer phase.",
     "- **Offload staging buffers of ZeRO-1/2**: `temp_grad_buffer_for_gpu_offload` on the GPU and "
     "`temp_grad_buffer_for_cpu_offload` on the CPU, each the largest weight's elements in 16 bits "
-    "(zero/stage_1_and_2.py:653-661, the largest from :626-635), held for the run; tunecast counts neither. Its host "
-    "term for the 16-bit gradient partition matches `param_buffer_of_bit16_for_cpu_offload_groups` in size (:563-575, "
-    "a 16-bit CPU copy of the weights' partition, not gradients).",
-    "- **ZeRO-1/2's gradient partition holds whole weights**: `grads_in_partition` is sized by the weights that start "
-    "or end in the partition (zero/stage_1_and_2.py:2184-2192), so the rank whose partition a weight straddles holds "
-    "all of that weight's gradient (rank 0 here: one 1M-element MLP matrix, +2.1 MB).",
-    "- **ZeRO-3 keeps weights up to `stage3_param_persistence_threshold` elements whole, frozen ones too** "
-    "(zero/parameter_offload.py:317-329, `ds_numel <= param_threshold`), beside their partition: here the key and "
-    "value projections (512 × 128) and the norms. tunecast counts persistent weights only for LoRA's adapters.",
+    "(zero/stage_1_and_2.py:653-661, the largest from :626-635), held for the run. Counted on both sides.",
     "- **ZeRO-3 leaves LoRA's adapters in fp32**: peft makes them fp32 over a bf16 model, and DeepSpeed casts "
     "parameters to 16 bits only for models not built under zero.Init (engine.py:1857-1862), so each adapter is a "
-    "4-byte partition plus, being persistent, a 4-byte whole copy; tunecast counts 2 bytes whole (ZeRO-1/2 cast them: "
-    "exact there).",
+    "4-byte partition plus, being persistent, a 4-byte whole copy gathered for the passes; their gradient partition "
+    "is 16-bit. Counted so (ZeRO-1/2 cast them).",
     "- **ZeRO-3 keeps far more weights gathered than a module and one prefetch**, from the second step (once it has "
-    "a trace): weights the prefetcher passes over while they are gathered are marked with the step of their next use "
-    "and not released (zero/partitioned_param_coordinator.py:457-476 and :642-651), and a weight the trace uses "
-    "again within `stage3_max_reuse_distance` elements is kept (:653-662; default 1e9, config.py:251). Here either "
-    "keeps nearly every weight gathered through the forward pass; only with prefetch 0 and reuse distance 0 is the "
-    "peak one module (the tied embedding). tunecast counts one module (or half the embeddings and head) and at most "
-    "one layer prefetched, has no key for the reuse distance, and takes no prefetch of 0.",
+    "a trace): a weight the trace uses again within `stage3_max_reuse_distance` elements is kept (:653-662; default "
+    "1e9, config.py:251), under `stage3_max_live_parameters`. tunecast counts a module, the prefetch bucket and the "
+    "reuse distance, bounded by the live parameters and the model.",
+    "",
+    "What it does not count:",
+    "- **ZeRO-1/2's gradient partition holds whole weights**: `grads_in_partition` is sized by the weights that start "
+    "or end in the partition (zero/stage_1_and_2.py:2184-2192), so the rank whose partition a weight straddles holds "
+    "all of that weight's gradient (rank 0 here: one 1M-element MLP matrix, +2.1 MB, 1%).",
+    "- **ZeRO-3 keeps frozen weights up to `stage3_param_persistence_threshold` elements whole** "
+    "(zero/parameter_offload.py:317-329, `ds_numel <= param_threshold`), beside their partition: here the key and "
+    "value projections (512 × 128) and the norms (−0.7% at the end of the backward pass; −3.5% with LoRA). A real "
+    "model's are norms and biases: small.",
+    "- **The prefetcher's passed-over weights**: weights the prefetcher passes over while they are gathered are "
+    "marked with the step of their next use and not released (zero/partitioned_param_coordinator.py:457-476 and "
+    ":642-651); with the reuse distance at 0 and a prefetch bucket, that still keeps most of this small model "
+    "gathered (the table's 0.9·h² row), where tunecast counts a module and the bucket.",
     "- **DeepSpeed's estimators**: ZeRO-2's is the moment after the flat copy, exact but for the straddling weight "
     "(and with offload, the staging buffers); its CPU figure multiplies by 1.5 (`additional_buffer_factor`). "
     "ZeRO-3's counts 18Ψ/N, leaving out the 16-bit gradient partition (zero/stage3.py:789-791, 2Ψ/N) and the reduce "

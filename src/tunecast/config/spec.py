@@ -220,12 +220,19 @@ class DeepSpeedSpec(_Section):
     overlap_comm: bool | None = None
     """Reduce gradients while the backward pass goes on. Default DeepSpeed's: on for ZeRO-3, off for ZeRO-1/2."""
 
-    stage3_prefetch_bucket_size: PositiveInt | Literal["auto"] = Field(50_000_000, examples=["auto"])
-    """ZeRO-3: elements of parameters gathered ahead of the layer that needs them. Default DeepSpeed's 5e7."""
+    stage3_prefetch_bucket_size: NonNegativeInt | Literal["auto"] = Field(50_000_000, examples=["auto", 0])
+    """ZeRO-3: elements of parameters gathered ahead of the layer that needs them (0: none). Default DeepSpeed's 5e7."""
 
     stage3_param_persistence_threshold: NonNegativeInt | Literal["auto"] = Field(100_000, examples=["auto", 0])
     """ZeRO-3: parameters with fewer elements stay whole on every GPU (norms, biases, small LoRA matrices).
     Default DeepSpeed's 1e5."""
+
+    stage3_max_live_parameters: NonNegativeInt = Field(1_000_000_000, examples=[300_000_000])
+    """ZeRO-3: elements of parameters gathered at most at once. Default DeepSpeed's 1e9."""
+
+    stage3_max_reuse_distance: NonNegativeInt = Field(1_000_000_000, examples=[0])
+    """ZeRO-3: a gathered parameter used again within this many elements of others' stays gathered (the last layers at
+    the turn from the forward to the backward pass). Default DeepSpeed's 1e9."""
 
 
 class GpuSpec(_Section):

@@ -25,7 +25,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate import replays
-from tunecast.estimate.deepspeed import TRACED_DTYPE_STATES, apply_deepspeed, model_hidden_size
+from tunecast.estimate.deepspeed import TRACED_DTYPE_STATES, ModelSizes, apply_deepspeed, model_sizes
 from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
@@ -314,7 +314,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
         if kept is not None and kept[0] is serves:  # the entry holds its profiles, so the id is not reused
             return kept[1]
         step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
+                            checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
         value = Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
         if len(_SIMULATED) >= SIMULATED_KEPT:
             _SIMULATED.clear()
@@ -550,9 +550,9 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
 
 
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int, *, tokens: int,
-                    cuda: bool, checkpointing: bool, hidden: int | None) -> None:
+                    cuda: bool, checkpointing: bool, sizes: ModelSizes) -> None:
     """What the trace cannot see, applied to the traced (or closed-form) step of `tokens` tokens a micro-batch
-    (`hidden`: the model's hidden size, which sizes DeepSpeed's `auto` buffers)."""
+    (`sizes`: the model's hidden size and vocabulary, which size DeepSpeed's buffers)."""
     if spec.method == "qlora" and spec.quantization.bits == 8:
         _apply_int8(step, facts, param_bytes, tokens=tokens, cuda=cuda, checkpointing=checkpointing)
     elif spec.method == "qlora":
@@ -562,16 +562,16 @@ def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
         _apply_activation_offload(step, layers)
     layer_bytes = stored_layer_bytes(spec, facts.layer_bytes, facts.quantizable_numel, layers, param_bytes)
     if spec.gpus.strategy in DEEPSPEED_STRATEGIES:
-        apply_deepspeed(step, spec, facts, layers, hidden, layer_bytes)
+        apply_deepspeed(step, spec, facts, layers, sizes, layer_bytes)
     else:
         _apply_strategy(step, spec, facts, param_bytes=param_bytes, layers=layers, layer_bytes=layer_bytes)
 
 
 def _traced_step(pair: ProfilePair, spec: RunSpec, batch: int, seq: int, *, cuda: bool,
-                 workspace: int, checkpointing: bool, hidden: int | None) -> StepMemory:
+                 workspace: int, checkpointing: bool, sizes: ModelSizes) -> StepMemory:
     step = _replayed(pair, batch, seq, cuda=cuda, workspace=workspace)
     _modelled_terms(step, spec, _facts(pair), pair.deeper.facts.param_dtype_bytes, pair.layers, tokens=batch * seq,
-                    cuda=cuda, checkpointing=checkpointing, hidden=hidden)
+                    cuda=cuda, checkpointing=checkpointing, sizes=sizes)
     return step
 
 
@@ -645,7 +645,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
         step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
+                            checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
         if cuda and pair.exact_shape is None:  # profiles that sweep shapes: reserved by the ladder rule
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
@@ -654,7 +654,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers, tokens=batch * seq, cuda=cuda,
-                        checkpointing=settings.grad_checkpointing, hidden=model_hidden_size(config_data))
+                        checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
         traced_at = None
         composed = False
         closed_form = True

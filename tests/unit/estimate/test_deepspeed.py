@@ -10,13 +10,15 @@ from typing import Any
 import pytest
 
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.deepspeed import apply_deepspeed, buffers
+from tunecast.estimate.deepspeed import ModelSizes, apply_deepspeed, buffers
 from tunecast.estimate.memory import PHASES, Facts, PhaseMemory, StepMemory
 
 PSI = 8_030_261_248  # Llama-3.1-8B's parameters
 LAYER = 218_112_000  # one of its decoder layers
 LAYERS = 32
 HIDDEN = 4096
+VOCAB = 128_256
+SIZES = ModelSizes(HIDDEN, VOCAB)
 STATES = ("weights", "trainable_weights", "gradients", "optimizer", "quantization")
 
 
@@ -29,8 +31,10 @@ def _full_bf16_step() -> tuple[StepMemory, Facts]:
         memory.breakdown["gradients"] = 2.0 * PSI if phase != "forward" else 0.0
         memory.breakdown["optimizer"] = 4.0 * PSI
         phases[phase] = memory
+    linears = ((4096, 4096, True), (4096, 1024, True), (4096, 1024, True), (4096, 4096, True),
+               (4096, 14_336, True), (4096, 14_336, True), (14_336, 4096, True))
     facts = Facts(quantizable_numel=0.0, largest_quantizable_numel=0, trainable_numel=float(PSI),
-                  trainable_small_numel=0.0, layer_bytes=2 * LAYER, layer_numel=LAYER)
+                  trainable_small_numel=0.0, layer_bytes=2 * LAYER, layer_numel=LAYER, layer_linears=linears)
     return step_of(phases), facts
 
 
@@ -42,24 +46,27 @@ def _states(strategy: str, count: int, phase: str = "optimizer", **gpus: object)
     step, facts = _full_bf16_step()
     spec = RunSpec(model="m", method="full", precision="bf16-mixed",
                    gpus={"strategy": strategy, "count": count, **gpus})
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
+    apply_deepspeed(step, spec, facts, LAYERS, SIZES, 2 * LAYER)
     return sum(step.phases[phase].breakdown[c] for c in STATES), step
 
 
 @pytest.mark.parametrize("count", [2, 8, 64])
-def test_zero2_model_states_are_deepspeeds_formula(count: int) -> None:
-    # DeepSpeed: gpu_mem = 2 * total_params + int(18 * total_params / total_gpus) (no offload)
+def test_zero2_model_states_are_deepspeeds_formula_and_the_steps_flat_copy(count: int) -> None:
+    # DeepSpeed: gpu_mem = 2 * total_params + int(18 * total_params / total_gpus) (no offload); the step also flattens
+    # the 16-bit gradient partition into a copy before casting it (2Ψ/N), measured on real ranks
     states, _ = _states("zero2", count)
-    assert states == 2 * PSI + 18 * PSI / count
+    assert states == 2 * PSI + 18 * PSI / count + 2 * PSI / count
     # ZeRO-1 holds the same once the gradients are reduced (one micro-batch a step)
     assert _states("zero1", count)[0] == states
 
 
-def test_zero2_offload_leaves_the_16_bit_weights_on_the_gpu() -> None:
-    # DeepSpeed: gpu_mem = 2 * total_params with cpu_offload; the master, states and fp32 gradients in CPU memory
+def test_zero2_offload_leaves_the_16_bit_weights_and_a_staging_buffer_on_the_gpu() -> None:
+    # DeepSpeed: gpu_mem = 2 * total_params with cpu_offload; the master, states and fp32 gradients in CPU memory,
+    # and on each side a 16-bit buffer of the largest weight (here the 128k × 4096 embedding)
     states, step = _states("zero2", 8, offload="optimizer")
-    assert states == 2 * PSI
-    assert step.host_bytes == (4 + 8 + 4 + 2) * PSI / 8
+    buffer = 2 * VOCAB * HIDDEN
+    assert states == 2 * PSI + buffer
+    assert step.host_bytes == (4 + 8 + 4 + 2) * PSI / 8 + buffer
 
 
 def test_zero3_adds_the_gradient_partition_deepspeeds_estimator_leaves_out() -> None:
@@ -67,22 +74,30 @@ def test_zero3_adds_the_gradient_partition_deepspeeds_estimator_leaves_out() -> 
     # gradient partition that stage3.py allocates (grad_partitions_flat_buffer), measured on real ranks: 20Ψ/N
     states, step = _states("zero3", 8, deepspeed={"reduce_bucket_size": 1})
     assert states == pytest.approx(20 * PSI / 8 + 2)  # and a 1-element reduce bucket
-    gathered = step.phases["forward"].breakdown["temporaries"]
-    root = (128_256 * HIDDEN * 2 + HIDDEN) * 2  # untied input and output embeddings and the final norm, bf16
+    # gathered: DeepSpeed's default max_live_parameters (1e9 elements) bounds a module, the prefetched parameters and
+    # those kept for reuse at the turn of the passes
+    assert step.phases["forward"].breakdown["temporaries"] == 2 * 1e9
+    _, lean = _states("zero3", 8, deepspeed={"stage3_max_reuse_distance": 0})
     # the larger of a layer and an embedding, and DeepSpeed's default prefetch (5e7 elements) beside it
-    assert gathered == max(2 * LAYER, root / 2) + 2 * 50_000_000
+    assert lean.phases["forward"].breakdown["temporaries"] == 2 * VOCAB * HIDDEN + 2 * 50_000_000
 
 
 def test_zero3_parameter_offload_keeps_only_gathered_parameters() -> None:
     # DeepSpeed: gpu_mem = largest_layer_memory with cpu_offload_params; here the reduce bucket is kept too
     states, step = _states("zero3", 8, offload="params", deepspeed={"reduce_bucket_size": 1000})
-    assert states == 2 * 1000
+    assert states == 2 * 1000  # the reduce bucket
     assert step.host_bytes == (4 + 8 + 4 + 2) * PSI / 8 + 2 * PSI / 8
 
 
 def test_zero1_accumulates_whole_gradients_between_micro_batches() -> None:
     step_zero1 = _accumulating("zero1")
     step_zero2 = _accumulating("zero2")
+    # one micro-batch a step: ZeRO-1 keeps the whole gradients of weights over a bucket (here the embeddings, and
+    # with a bucket of h² elements every MLP matrix too) until the step
+    _, single = _states("zero1", 8, deepspeed={"reduce_bucket_size": HIDDEN * HIDDEN})
+    mlp = 3 * 4096 * 14_336
+    assert single.phases["backward"].breakdown["gradients"] == pytest.approx(
+        2 * PSI / 8 + 2 * HIDDEN * HIDDEN + 2 * (LAYERS * mlp + 2 * VOCAB * HIDDEN) * (1 - 1 / 8))
     bucket = 500_000_000 * 2
     assert step_zero1.phases["backward"].breakdown["gradients"] == 2 * PSI + bucket
     assert step_zero2.phases["backward"].breakdown["gradients"] == 2 * PSI / 8 + bucket
@@ -93,7 +108,7 @@ def _accumulating(strategy: str) -> StepMemory:
     step, facts = _full_bf16_step()
     spec = RunSpec(model="m", method="full", precision="bf16-mixed", grad_accum=4,
                    gpus={"strategy": strategy, "count": 8})
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
+    apply_deepspeed(step, spec, facts, LAYERS, SIZES, 2 * LAYER)
     return step
 
 
@@ -131,9 +146,10 @@ def test_zero3_keeps_small_lora_matrices_whole(threshold: int | str, whole: bool
                    gpus={"strategy": "zero3", "count": 8,
                          "deepspeed": {"stage3_param_persistence_threshold": threshold}})
     step = step_of(phases)
-    apply_deepspeed(step, spec, facts, LAYERS, HIDDEN, 2 * LAYER)
+    apply_deepspeed(step, spec, facts, LAYERS, SIZES, 2 * LAYER)
     adapters = step.phases["forward"].breakdown["trainable_weights"]
-    assert adapters == (2 * trained if whole else 2 * trained / 8)
+    # peft's adapters, added after zero.Init, keep fp32: a partition, and a whole copy where they persist
+    assert adapters == 4 * trained / 8 + (4 * trained if whole else 0)
     assert step.phases["forward"].breakdown["weights"] == 2 * PSI / 8
     # adapters traced in fp32 with fp32 AdamW states: the states stay 8 bytes an element, beside a 4-byte master
     assert step.phases["forward"].breakdown["optimizer"] == (4 + 8) * trained / 8
