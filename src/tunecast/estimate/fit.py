@@ -15,7 +15,7 @@ from typing import Any
 
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead
-from tunecast.config.spec import TORCH_ADAMW, RunSpec
+from tunecast.config.spec import DEEPSPEED_STRATEGIES, TORCH_ADAMW, RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.memory import MemoryEstimate, estimate_memory
 from tunecast.estimate.profiles import NeedsTrace
@@ -296,8 +296,9 @@ def _suggestions(spec: RunSpec, total: Total, capacity: float, max_batch: int, t
         smaller = max(d for d in range(1, max_batch + 1) if per_step % d == 0)
         candidates.append((f"micro-batch {smaller} with gradient accumulation {per_step // smaller}",
                            {"micro_batch": smaller, "grad_accum": per_step // smaller}))
-    candidates.append(("offload parameters and optimizer states to CPU RAM (FSDP)",
-                       {"gpus.strategy": "fsdp", "gpus.offload": "params"}))
+    shard, engine = _sharding(spec)
+    candidates.append((f"offload parameters and optimizer states to CPU RAM ({engine})",
+                       {"gpus.strategy": shard, "gpus.offload": "params"}))
     found = [_estimated(change, settings, spec, total, capacity, trace) for change, settings in candidates]
     sharded = _fewest_gpus(spec, total, capacity, trace)
     if sharded is not None:
@@ -307,14 +308,21 @@ def _suggestions(spec: RunSpec, total: Total, capacity: float, max_batch: int, t
     return found
 
 
+def _sharding(spec: RunSpec) -> tuple[str, str]:
+    """The strategy that shards everything, and its name, for a run's suggestions: DeepSpeed's ZeRO-3 for a run
+    already on DeepSpeed (its tool runs it), FSDP otherwise."""
+    return ("zero3", "ZeRO-3") if spec.gpus.strategy in DEEPSPEED_STRATEGIES else ("fsdp", "FSDP")
+
+
 def _fewest_gpus(spec: RunSpec, total: Total, capacity: float, trace: bool) -> Suggestion | None:
-    """The fewest GPUs (2, 4 or 8) over which FSDP makes the run fit; 8 when none does."""
+    """The fewest GPUs (2, 4 or 8) over which FSDP (ZeRO-3 for DeepSpeed) makes the run fit; 8 when none does."""
     last: Suggestion | None = None
+    shard, engine = _sharding(spec)
     for count in (2, 4, 8):
         if count <= spec.gpus.count:
             continue
-        settings = {"gpus.count": count, "gpus.strategy": "fsdp"}
-        last = _estimated(f"shard over {count} GPUs with FSDP", settings, spec, total, capacity, trace)
+        settings = {"gpus.count": count, "gpus.strategy": shard}
+        last = _estimated(f"shard over {count} GPUs with {engine}", settings, spec, total, capacity, trace)
         if last.fits is not False:
             break
     return last

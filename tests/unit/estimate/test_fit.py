@@ -145,6 +145,16 @@ def test_a_run_that_does_not_fit_gets_changes_with_their_peaks() -> None:
     assert "shard over 4 GPUs with FSDP" not in changes
 
 
+def test_a_deepspeed_run_is_offered_deepspeeds_sharding() -> None:
+    spec = RunSpec(model="x", micro_batch=8, seq_len=2000, gpus={"strategy": "zero2"})
+    changes = {s.change: s for s in fit_report(spec, estimate_of(spec), gpu(10.0), synthetic_total,
+                                                 context_len=None).suggestions}
+    assert changes["offload parameters and optimizer states to CPU RAM (ZeRO-3)"].settings == {
+        "gpus.strategy": "zero3", "gpus.offload": "params"}
+    [sharded] = [s for change, s in changes.items() if change.startswith("shard over")]
+    assert sharded.change.endswith("GPUs with ZeRO-3") and sharded.settings["gpus.strategy"] == "zero3"
+
+
 def test_when_no_single_change_fits_the_changes_are_combined() -> None:
     spec = RunSpec(model="x", micro_batch=16, seq_len=4000)  # 4 + 32 GiB; one sequence alone needs 6
     fit = fit_report(spec, estimate_of(spec), gpu(5.0), synthetic_total, context_len=None)
