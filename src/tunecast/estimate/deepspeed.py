@@ -31,12 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tunecast.config.spec import RunSpec
+from tunecast.step.settings import TRACED_OPTIMIZERS
 
 if TYPE_CHECKING:
     from tunecast.estimate.memory import Facts, StepMemory
 
-# Optimizers whose states the trace holds in the traced weights' dtype; DeepSpeed keeps them on its fp32 master.
-TRACED_DTYPE_STATES = ("adamw", "adamw-foreach", "sgd", "adafactor")
 
 
 @dataclass(frozen=True)
@@ -83,6 +82,18 @@ def buffers(spec: RunSpec, hidden: int | None) -> Buffers:
                    settings.stage3_max_live_parameters, settings.stage3_max_reuse_distance)
 
 
+def sixteen_bit_bytes(spec: RunSpec) -> int:
+    """Bytes of a weight as DeepSpeed casts the model: 16 bits in its bf16 and fp16 modes, fp32 without them."""
+    return 4 if spec.precision == "fp32" else 2
+
+
+def fp32_widening(step: StepMemory, trainable_numel: float) -> float:
+    """How many times larger fp32 copies of the trained weights are than the traced ones (2 for weights traced in
+    16 bits; 1 where the trace holds them in fp32 already, as peft's adapters, or nothing trains)."""
+    traced = max(memory.breakdown["trainable_weights"] for memory in step.phases.values())
+    return 4 / (traced / trainable_numel) if traced and trainable_numel else 1.0
+
+
 def apply_deepspeed(step: StepMemory, spec: RunSpec, facts: Facts, layers: int, sizes: ModelSizes,
                     layer_bytes: float) -> None:
     """Replace the traced step's model states (weights, trained weights, gradients, optimizer states) by DeepSpeed's
@@ -92,15 +103,14 @@ def apply_deepspeed(step: StepMemory, spec: RunSpec, facts: Facts, layers: int, 
     stage = int(spec.gpus.strategy[-1])
     ranks = spec.gpus.count
     settings = buffers(spec, sizes.hidden)
-    half = 4 if spec.precision == "fp32" else 2  # bytes of a weight as DeepSpeed casts the model
+    half = sixteen_bit_bytes(spec)
     trained = facts.trainable_numel
     offload = spec.gpus.offload
     on_gpu = offload == "none"
     phases = step.phases
-    traced_trained = max(memory.breakdown["trainable_weights"] for memory in phases.values())
     states = max(memory.breakdown["optimizer"] for memory in phases.values())
-    if spec.optimizer in TRACED_DTYPE_STATES and traced_trained and trained:
-        states *= 4 / (traced_trained / trained)  # on the fp32 master, not the traced weights' dtype
+    if spec.optimizer in TRACED_OPTIMIZERS:  # their states traced in the weights' dtype; DeepSpeed's on the fp32 master
+        states *= fp32_widening(step, trained)
     sharded_states = (4 * trained + states) / ranks  # master and states
     # ZeRO-3 casts only what zero.Init did not build: peft's adapters, added after it, keep their fp32
     # (engine.py, _configure_distributed_model); ZeRO-1/2 cast the whole model

@@ -25,12 +25,12 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate import replays
-from tunecast.estimate.deepspeed import TRACED_DTYPE_STATES, ModelSizes, apply_deepspeed, model_sizes
+from tunecast.estimate.deepspeed import ModelSizes, apply_deepspeed, fp32_widening, model_sizes
 from tunecast.estimate.memo import config_digest
 from tunecast.estimate.profile import Replay
 from tunecast.estimate.profiles import ProfilePair, TracingUnavailable, get_profiles
 from tunecast.estimate.tracer import CATEGORIES
-from tunecast.step.settings import TraceSettings, sixteen_bit_weights
+from tunecast.step.settings import TRACED_OPTIMIZERS, TraceSettings, sixteen_bit_weights
 from tunecast.step.shape import has_experts, sliding_window, sliding_window_offset
 from tunecast.units import BYTES_PER_GIB, format_params
 
@@ -283,6 +283,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
     whose reserved already grew, it is the simulated one. Ladder shapes of other profiles (micro-batch 1, the
     far side of a sliding window) are replayed from theirs. Exact arithmetic, rounded down once."""
     window = sliding_window(config_data)
+    sizes = model_sizes(config_data)
     batches = _rungs(batch, _batch_ladder())
     seqs = _seq_rungs(seq, window)
     own = (batch == 1, sliding_window_offset(config_data, seq))
@@ -314,7 +315,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
         if kept is not None and kept[0] is serves:  # the entry holds its profiles, so the id is not reused
             return kept[1]
         step = _traced_step(serves, spec, b, s, cuda=True, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
+                            checkpointing=settings.grad_checkpointing, sizes=sizes)
         value = Fraction(_peak(step)[1]) + Fraction(step.reserve_bytes)
         if len(_SIMULATED) >= SIMULATED_KEPT:
             _SIMULATED.clear()
@@ -494,10 +495,8 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
     frozen_widen = trained_widen = 1.0
     if count > 1 and sixteen_bit_weights(spec):
         frozen_widen = 4 / param_bytes
-        traced_trained = max(memory.breakdown["trainable_weights"] for memory in step.phases.values())
-        if traced_trained and facts.trainable_numel:
-            trained_widen = 4 / (traced_trained / facts.trainable_numel)
-    states_widen = trained_widen if spec.optimizer in TRACED_DTYPE_STATES else 1.0
+        trained_widen = fp32_widening(step, facts.trainable_numel)
+    states_widen = trained_widen if spec.optimizer in TRACED_OPTIMIZERS else 1.0
     for phase, memory in step.phases.items():
         b = memory.breakdown
         whole = b["trainable_weights"] if spec.method == "full" else b["weights"]

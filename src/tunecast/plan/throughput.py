@@ -49,6 +49,7 @@ from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.throughput import ThroughputConstants
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
 from tunecast.estimate.deepspeed import buffers as deepspeed_buffers
+from tunecast.estimate.deepspeed import sixteen_bit_bytes
 from tunecast.estimate.memory import stored_layer_bytes
 from tunecast.estimate.profiles import ProfilePair
 from tunecast.plan.cost import GPUS_PER_NODE
@@ -416,7 +417,7 @@ def step_time(spec: RunSpec, pair: ProfilePair, gpu: Gpu, constants: ThroughputC
         bucket, overlap = float(DDP_BUCKET_BYTES), True
         if strategy in DEEPSPEED_STRATEGIES:  # DeepSpeed's 16-bit model: its gradients and weights move in 16 bits
             settings = deepspeed_buffers(spec, hidden_size)
-            half = 4 if spec.precision == "fp32" else 2
+            half = sixteen_bit_bytes(spec)
             reduced = trainable * half
             layer_bytes = layer_bytes * half / pair.deeper.facts.param_dtype_bytes
             bucket, overlap = float(settings.reduce_bucket * half), settings.overlap_comm
