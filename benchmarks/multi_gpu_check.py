@@ -9,7 +9,8 @@ row's GPU count and strategy (the same trace, fit check, roofline and collective
 
 * memory: like with like — a peak-reserved figure against `peak_reserved_gib`, a peak-allocated one against
   `peak_allocated_gib`, nvidia-smi against `device_total_gib` (reserved plus the CUDA context); a figure whose
-  counter the source does not state is read as what a GPU monitor shows, nvidia-smi's;
+  counter the source does not state is read as what a GPU monitor shows, nvidia-smi's. A run at the edge on its
+  card is compared with the card's memory (`MemoryEstimate.on_device`: the cache grows to it and is released there);
 * tokens/s per GPU: the planner's real tokens per second over the row's GPU count, with the communication it
   leaves exposed (`exposed_comm_s`) and the link it assumed;
 * fit: what `tunecast memory --gpu` says on the row's card (fits, at the edge, does not fit), for runs that ran and
@@ -143,14 +144,16 @@ def _problems(error: Any) -> str:
     return "; ".join(f"{p.field}: {p.message}" for p in error.problems if p.severity == "error")
 
 
-def _memory_counter(estimate: Any, counter: str) -> float:
-    """The figure of the estimate that the row's counter measured."""
+def _memory_counter(estimate: Any, counter: str, gpu: Any) -> float:
+    """The figure of the estimate that the row's counter measured, on the row's card (at the edge the cache grows to
+    the card's memory and is released there: `MemoryEstimate.on_device`)."""
+    reserved, device_total = estimate.on_device(gpu.usable_memory_gib)
     if counter == "reserved":
-        return estimate.peak_reserved_gib
+        return reserved
     if counter in ("allocated", LOADING_COUNTER):
         return estimate.peak_allocated_gib
     # nvidia-smi, or unstated: what a GPU monitor shows, reserved plus the CUDA context
-    return estimate.device_total_gib
+    return device_total
 
 
 def _verdict(estimate: Any, gpu: Any) -> str:
@@ -188,7 +191,7 @@ def predict(row: dict[str, str], catalog: Any) -> Result | str:
         return f"the RunSpec refuses it: {_problems(error)}"
     gpu = loaded.gpu
     estimate = estimate_memory(loaded.spec, loaded.model.data, device="cuda", gpu=gpu, overheads=catalog.overheads)
-    result.memory_gib = _memory_counter(estimate, row["memory_counter"])
+    result.memory_gib = _memory_counter(estimate, row["memory_counter"], gpu)
     result.allocated_gib = estimate.peak_allocated_gib
     result.verdict = _verdict(estimate, gpu)
     if row["memory_counter"] == LOADING_COUNTER and loaded.model.params:

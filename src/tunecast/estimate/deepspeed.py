@@ -51,18 +51,28 @@ class Buffers:
 
 
 class ModelSizes(NamedTuple):
-    """What DeepSpeed's buffers are sized by: the hidden size (`auto` buckets) and the vocabulary (an embedding is
-    the largest weight of most models)."""
+    """What the modelled terms read from the model's config: DeepSpeed's buffers are sized by the hidden size
+    (`auto` buckets) and the vocabulary (an embedding is the largest weight of most models); `linear_experts` and
+    `largest_linear_expert` are the elements of the expert and router weights, and of the largest one, that the
+    transformers the runner ran built as nn.Linear modules (0 for today's fused 3-D experts: moe.py
+    `linear_expert_numel`)."""
 
     hidden: int
     vocab: int
+    linear_experts: int = 0
+    largest_linear_expert: int = 0
 
 
-def model_sizes(config_data: dict[str, Any]) -> ModelSizes:
+def model_sizes(config_data: dict[str, Any], spec: RunSpec | None = None) -> ModelSizes:
+    """`config_data`'s sizes; `spec` names the transformers its runner ran (none: today's)."""
     from tunecast.catalog.models import ModelConfig
+    from tunecast.estimate.moe import ExpertShape, linear_expert_numel
 
     model = ModelConfig(name="", path=Path(), origin="file", data=config_data)
-    return ModelSizes(model.hidden_size or 0, model.vocab_size or 0)
+    experts = linear_expert_numel(config_data, spec)
+    shape = ExpertShape.from_config(config_data) if experts else None
+    largest = shape.hidden * shape.width if shape is not None else 0
+    return ModelSizes(model.hidden_size or 0, model.vocab_size or 0, experts, largest)
 
 
 def buffers(spec: RunSpec, hidden: int | None) -> Buffers:

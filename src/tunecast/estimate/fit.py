@@ -61,10 +61,16 @@ class FitReport:
     """Does not fit with the allocator's cache as it grows when memory is plentiful, but fits in what the process needs
     at least (`least_device_total_gib`): the allocator releases its free cached segments and retries before it fails,
     so the run goes on at the edge, slower where it releases."""
+    reserved_gib: float = 0.0
+    """What the process reserves at its peak on this GPU (`MemoryEstimate.on_device`): the estimate's where it fits;
+    at the edge, the GPU's memory less the context, where the allocator releases its cache."""
+    device_total_gib: float = 0.0
+    """`reserved_gib` plus the CUDA context: what a GPU monitor shows at the peak on this GPU."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"gpu": self.gpu, "capacity_gib": round(self.capacity_gib, 3), "fits": self.fits,
-                "fits_at_edge": self.at_edge,
+                "fits_at_edge": self.at_edge, "reserved_on_gpu_gib": round(self.reserved_gib, 3),
+                "device_total_on_gpu_gib": round(self.device_total_gib, 3),
                 "headroom_gib": round(self.headroom_gib, 3), "max_micro_batch": self.max_micro_batch,
                 "max_seq_len": self.max_seq_len, "max_seq_len_is_context_limit": self.max_seq_len_capped,
                 "suggestions": [s.as_dict() for s in self.suggestions], "warnings": list(self.warnings)}
@@ -254,8 +260,10 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
             f"{estimate.least_device_total_gib:.1f} GiB at least once it releases its free cached segments and "
             "retries (PyTorch does so before it fails); a change below leaves room")
     suggestions = () if fits else tuple(_suggestions(spec, total, capacity, max_batch, trace_suggestions))
+    reserved, device_total = estimate.on_device(capacity)
     return FitReport(gpu.slug, capacity, fits, capacity - estimate.device_total_gib, max(max_batch, 0),
-                     max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings), at_edge)
+                     max(max_seq, 0), max_seq == seq_cap, suggestions, tuple(warnings), at_edge, reserved,
+                     device_total)
 
 
 def _estimated(change: str, settings: dict[str, Any], spec: RunSpec, total: Total, capacity: float,

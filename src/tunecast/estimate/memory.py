@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from math import floor
 from typing import Any
@@ -95,6 +95,16 @@ class MemoryEstimate:
     seq_len: int
     notes: tuple[str, ...]
     composed: bool = False  # the step's loss traced alone and composed onto its template (estimate/compose.py)
+
+    def on_device(self, capacity_gib: float) -> tuple[float, float]:
+        """(reserved, device total) on a device of `capacity_gib`: the figures above where they fit in it; at the
+        edge, the cache grows until cudaMalloc fails at the device's memory and is released there, so neither
+        counter passes the device (`torch.cuda.max_memory_reserved` stops at it, less the context). A step that does
+        not fit even at the edge asks for the figures above and fails."""
+        if self.device_total_gib <= capacity_gib or self.least_device_total_gib > capacity_gib:
+            return self.peak_reserved_gib, self.device_total_gib
+        context = self.device_total_gib - self.peak_reserved_gib
+        return capacity_gib - context, capacity_gib
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -283,7 +293,7 @@ def _ladder_reserved(config_data: dict[str, Any], settings: TraceSettings, spec:
     whose reserved already grew, it is the simulated one. Ladder shapes of other profiles (micro-batch 1, the
     far side of a sliding window) are replayed from theirs. Exact arithmetic, rounded down once."""
     window = sliding_window(config_data)
-    sizes = model_sizes(config_data)
+    sizes = model_sizes(config_data, spec)
     batches = _rungs(batch, _batch_ladder())
     seqs = _seq_rungs(seq, window)
     own = (batch == 1, sliding_window_offset(config_data, seq))
@@ -401,6 +411,10 @@ def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str 
     kept = unquantized_numel(config_data) if spec.method == "qlora" else 0
     if not kept:
         return None
+    if model_sizes(config_data, spec).linear_experts:
+        return (f"transformers {spec.transformers_version} (transformers_version) built the experts and the router "
+                f"as nn.Linear modules, one MLP per expert, so QLoRA quantizes their {format_params(kept)} weights "
+                "like the other Linears (transformers 5 fuses them into 3-D parameters, which it leaves unquantized)")
     cast = "kbit-fp32" in runner_step(spec, "cuda")
     size = 4 if cast else _param_bytes(spec)
     quantized = "int8" if spec.quantization.bits == 8 else "NF4"
@@ -548,10 +562,20 @@ def _apply_strategy(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: 
     step.notes.append(f"{label} over {count} GPU(s){mixed}: shards modelled, plus {kept} gathered for the passes")
 
 
+def _experts_as_linears(facts: Facts, sizes: ModelSizes) -> Facts:
+    """The experts and router as the transformers the runner ran built them, nn.Linear modules (ModelSizes'
+    `linear_experts`), counted with the Linear weights QLoRA quantizes. The trace holds them as today's fused 3-D
+    parameters, in the compute dtype (peft's fp32 cast leaves them: the `linear-experts` variant)."""
+    return replace(facts, quantizable_numel=facts.quantizable_numel + sizes.linear_experts,
+                   largest_quantizable_numel=max(facts.largest_quantizable_numel, sizes.largest_linear_expert))
+
+
 def _modelled_terms(step: StepMemory, spec: RunSpec, facts: Facts, param_bytes: int, layers: int, *, tokens: int,
                     cuda: bool, checkpointing: bool, sizes: ModelSizes) -> None:
     """What the trace cannot see, applied to the traced (or closed-form) step of `tokens` tokens a micro-batch
     (`sizes`: the model's hidden size and vocabulary, which size DeepSpeed's buffers)."""
+    if spec.method == "qlora" and sizes.linear_experts:
+        facts = _experts_as_linears(facts, sizes)
     if spec.method == "qlora" and spec.quantization.bits == 8:
         _apply_int8(step, facts, param_bytes, tokens=tokens, cuda=cuda, checkpointing=checkpointing)
     elif spec.method == "qlora":
@@ -627,7 +651,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     settings that neither a template nor the cache serves raise NeedsTrace (profiles.py). With `stand_in`, a step
     whose loss is composed (compose.py) is taken with the loss's stand-in instead: the rest of the step, from its
     template's polynomials, without the loss's own tensors (fit.py solves limits with it)."""
-    settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing, device=device)
+    settings = TraceSettings.from_spec(spec, grad_checkpointing=grad_checkpointing, device=device,
+                                       config_data=config_data)
     if stand_in:
         from tunecast.estimate.compose import composable, stub_settings
 
@@ -644,7 +669,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         if pair is None or not pair.covers(batch, seq):
             pair = get_profiles(config_data, settings, batch, seq, exact=exact_shape, trace=trace)
         step = _traced_step(pair, spec, batch, seq, cuda=cuda, workspace=workspace,
-                            checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
+                            checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data, spec))
         if cuda and pair.exact_shape is None:  # profiles that sweep shapes: reserved by the ladder rule
             ladder = float(_ladder_reserved(config_data, settings, spec, pair, batch, seq, workspace, trace))
         traced_at = pair.exact_shape
@@ -653,7 +678,7 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
         step, facts, param_bytes, layers = _analytic_step(spec, settings, config_data, batch, seq, str(reason),
                                                           workspace)
         _modelled_terms(step, spec, facts, param_bytes, layers, tokens=batch * seq, cuda=cuda,
-                        checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data))
+                        checkpointing=settings.grad_checkpointing, sizes=model_sizes(config_data, spec))
         traced_at = None
         composed = False
         closed_form = True

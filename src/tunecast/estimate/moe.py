@@ -59,9 +59,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecast.errors import TunecastError
+
+if TYPE_CHECKING:
+    from tunecast.config.spec import RunSpec
 
 IMPLEMENTATIONS = ("grouped_mm", "eager")
 ROUTINGS = ("balanced", "worst")
@@ -140,6 +143,16 @@ def unquantized_numel(config: dict[str, Any]) -> int:
     h, i, e = shape.hidden, shape.width, shape.experts
     per_layer = e * 3 * h * i + e * h + (e * (2 * i + h) if shape.biased else 0)
     return moe_layers(text, text["num_hidden_layers"]) * per_layer
+
+
+def linear_expert_numel(config: dict[str, Any], spec: RunSpec | None) -> int:
+    """Elements of the expert and router weights that the transformers `spec`'s runner ran built as nn.Linear
+    modules, which QLoRA quantizes like every other Linear: all of `unquantized_numel` where
+    step/variants.py `experts_were_linear`, else 0 (today's fused 3-D experts, and tunecast's own step, which runs the
+    transformers installed)."""
+    from tunecast.step.variants import experts_were_linear
+
+    return unquantized_numel(config) if experts_were_linear(config, spec) else 0
 
 
 def expert_tokens(tokens: int, shape: ExpertShape, routing: str) -> tuple[int, int]:

@@ -325,7 +325,7 @@ class Planner:
     def _configuration(self, gpu: Gpu, count: int, spec: RunSpec, micro_batch: int, grad_accum: int,
                        checkpointing: bool, memory: MemoryEstimate, changes: tuple[str, ...],
                        internode_gb_per_s: float | None = None) -> Configuration:
-        settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
+        settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing, config_data=self.loaded.model.data)
         pair = self._profiles(settings, micro_batch, spec.seq_len)
         sequence = max(1, round(self.workload.tokens_per_sequence(micro_batch)))
         if not pair.covers(micro_batch, sequence):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tunecast.config.spec import DEEPSPEED_STRATEGIES, RunSpec
-from tunecast.step.variants import runner_step
+from tunecast.step.variants import experts_were_linear, runner_step
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,17 @@ class TraceSettings:
     runner_step: tuple[str, ...] = ()  # variants.py STEP_VARIANTS of the runner's step (none: tunecast's)
 
     @classmethod
-    def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None,
-                  device: str = "cuda") -> TraceSettings:
+    def from_spec(cls, spec: RunSpec, *, grad_checkpointing: bool | None = None, device: str = "cuda",
+                  config_data: dict[str, Any] | None = None) -> TraceSettings:
+        """`spec`'s trace; `config_data` (the model's) adds the variants that depend on the model as well
+        (`linear-experts`: a mixture of experts as the runner's transformers built it, for peft's fp32 cast)."""
         lora = spec.lora
         targets: tuple[str, ...] | str = lora.targets if isinstance(lora.targets, str) else tuple(lora.targets)
         checkpointing = spec.grad_checkpointing is True if grad_checkpointing is None else grad_checkpointing
         traced_optimizer = spec.optimizer if spec.optimizer in TRACED_OPTIMIZERS else "adamw"
+        step = runner_step(spec, device)
+        if config_data is not None and "kbit-fp32" in step and experts_were_linear(config_data, spec):
+            step = (*step, "linear-experts")
         return cls(
             method=spec.method,
             adapters=AdapterSettings(lora.rank, lora.alpha, lora.dropout, targets, lora.dora,
@@ -90,7 +95,7 @@ class TraceSettings:
             grad_checkpointing=checkpointing,
             attention="eager" if spec.attention == "eager" else "sdpa",
             loss=spec.loss,
-            runner_step=runner_step(spec, device),
+            runner_step=step,
         )
 
     def fields(self) -> dict[str, Any]:

@@ -99,7 +99,7 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
         model.requires_grad_(True)
     else:
         if "kbit-fp32" in variants:
-            cast_unquantized_to_fp32(model)
+            cast_unquantized_to_fp32(model, linear_experts="linear-experts" in variants)
         model = apply_adapters(model, settings.adapters)
         if "kbit-bf16-head" in variants:
             cast_head_to_bf16(model)
@@ -114,12 +114,16 @@ def prepare_for_training(model: Any, settings: Any) -> Any:
     return model
 
 
-def cast_unquantized_to_fp32(model: Any) -> None:
+def cast_unquantized_to_fp32(model: Any, *, linear_experts: bool = False) -> None:
     """What peft's `prepare_model_for_kbit_training` does to a 4-bit model's other weights: every 16-bit parameter
     that bitsandbytes did not quantize becomes fp32. On a model whose decoder Linear weights stand for the 4-bit
-    ones (the trace models NF4 on them, estimate/memory.py), that is every parameter but those weights."""
+    ones (the trace models NF4 on them, estimate/memory.py), that is every parameter but those weights; with
+    `linear_experts` (a mixture of experts built of Linear modules, as transformers did before 5), every decoder
+    matrix: the fused experts and the router stand for those Linears."""
     quantized = {id(layer.weight) for block in decoder_layers(model) for layer in block.modules()
                  if isinstance(layer, torch.nn.Linear)}
+    if linear_experts:
+        quantized |= {id(p) for block in decoder_layers(model) for p in block.parameters() if p.ndim >= 2}
     for parameter in model.parameters():
         if id(parameter) not in quantized and parameter.dtype in (torch.float16, torch.bfloat16):
             parameter.data = parameter.data.to(torch.float32)

@@ -4,8 +4,11 @@ variants, with sources: config/runner.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tunecast.config.runner import bitsandbytes_entry, runner_entry, transformers_entry
 from tunecast.config.spec import RunSpec
+from tunecast.config.versions import parse_version
 
 # How another tool's step differs from tunecast's where it changes the tensors a step holds; the trace runs each
 # (setup.py, forward.py, loss.py). Which tools run which, with sources: config/runner.py.
@@ -39,6 +42,9 @@ STEP_VARIANTS = {
                         "layer's input turn fp32",
     "kbit-keeps-input": "for QLoRA, each 4-bit layer keeps its input (in the compute dtype) for the backward pass, "
                         "outside a checkpointed layer (bitsandbytes' MatMul4Bit before 0.43.2)",
+    "linear-experts": "for QLoRA, the experts and the router as nn.Linear modules, one MLP per expert (transformers "
+                      "before 5): bitsandbytes quantizes them with the other Linear weights, so peft's fp32 cast "
+                      "leaves them",
     "int8-keeps-input": "for an 8-bit base, each 8-bit layer keeps its input (as it comes) for the backward pass, "
                         "also inside a checkpointed layer: bitsandbytes keeps it as an attribute of the autograd "
                         "context, which non-reentrant checkpointing does not free (MatMul8bitLt, bitsandbytes 0.50)",
@@ -72,6 +78,27 @@ ON_CPU = {"fused-head": "fused-head-cpu"}
 # Precisions under which a tool built on the transformers Trainer runs accelerate's autocast (bf16=True or
 # fp16=True in its arguments; `bf16` here is bf16 weights with the Trainer's bf16=True): its `mixed_step` runs.
 MIXED = ("bf16", "bf16-mixed", "fp16-mixed")
+
+
+# Families whose experts transformers 4.x built as one MLP of nn.Linear modules per expert in an nn.ModuleList, and
+# the router as an nn.Linear (Mixtral since transformers PR #27942: MixtralBlockSparseTop2MLP's w1/w2/w3 and `gate`;
+# Qwen3-MoE's Qwen3MoeMLP alike); bitsandbytes' 4-bit conversion replaced them as it does every nn.Linear.
+# transformers 5 fused them into 3-D parameters (vLLM PR #33413: "In Transformers v5 the parameters are already
+# fused"). gpt-oss had fused 3-D experts from its first release (4.55, GptOssExperts).
+LINEAR_EXPERTS_BEFORE_5 = frozenset({"qwen3_moe", "mixtral"})
+
+
+def experts_were_linear(config: dict[str, Any], spec: RunSpec | None) -> bool:
+    """Whether the transformers `spec`'s runner ran (its `transformers_version`; unset, tunecast's own step, or no
+    spec: today's) built this model's experts and router as nn.Linear modules (LINEAR_EXPERTS_BEFORE_5, before
+    transformers 5)."""
+    ran = spec.transformers_version if spec is not None and spec.runner != "tunecast" else None
+    version = parse_version(ran) if ran else None
+    if version is None or version[0] >= 5:
+        return False
+    inner = config.get("text_config")
+    text = inner if isinstance(inner, dict) and "model_type" in inner else config
+    return text.get("model_type") in LINEAR_EXPERTS_BEFORE_5
 
 
 def runner_step(spec: RunSpec, device: str = "cuda") -> tuple[str, ...]:

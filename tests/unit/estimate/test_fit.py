@@ -126,6 +126,23 @@ def test_a_run_that_fits_only_once_the_allocator_releases_its_cache_fits_at_the_
     assert fit.suggestions  # changes that leave room are still offered
 
 
+@pytest.mark.parametrize(("least", "reserved", "device_total"), [(11.0, 11.5, 12.0), (9.5, 9.5, 10.0),
+                                                                 (10.5, 11.5, 12.0)])
+def test_the_peak_on_the_card_is_the_estimate_where_it_fits_and_the_card_at_the_edge(
+        least: float, reserved: float, device_total: float) -> None:
+    """The allocator's cache grows to the card and is released there: at the edge no counter passes the card's
+    memory. A run that fits keeps its estimate; one that fits not even at the edge asks for it and fails."""
+    from dataclasses import replace
+
+    spec = RunSpec(model="x", micro_batch=8, seq_len=2000)
+    estimate = replace(estimate_of(spec), peak_reserved_gib=11.5, device_total_gib=12.0, least_device_total_gib=least)
+    card = 12.0 if least == 11.0 else 10.0
+    assert estimate.on_device(card) == pytest.approx((reserved, device_total))
+    fit = fit_report(spec, estimate, gpu(card), synthetic_total, context_len=None)
+    assert (fit.reserved_gib, fit.device_total_gib) == pytest.approx((reserved, device_total))
+    assert fit.as_dict()["device_total_on_gpu_gib"] == pytest.approx(device_total)
+
+
 def test_the_context_length_caps_the_longest_sequence() -> None:
     spec = RunSpec(model="x", micro_batch=1, seq_len=1000)
     fit = fit_report(spec, estimate_of(spec), gpu(80.0), synthetic_total, context_len=4096)

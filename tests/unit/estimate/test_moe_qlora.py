@@ -65,3 +65,37 @@ def test_a_runner_whose_qlora_casts_the_experts_to_fp32_counts_them_in_fp32(cata
     assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(frozen_bytes(config, 4), rel=1e-6)
     assert estimate.notes[0].startswith("QLoRA leaves the experts in fp32, not NF4")
     assert "prepare_model_for_kbit_training then casts them to fp32" in estimate.notes[0]
+
+
+def test_experts_built_as_linears_before_transformers_5_are_quantized(catalog) -> None:  # type: ignore[no-untyped-def]
+    """transformers 4.x built Mixtral's experts and router as nn.Linear modules (one MLP per expert), which
+    bitsandbytes quantizes and peft's fp32 cast leaves: with `transformers_version` 4.48.1 every decoder matrix is
+    NF4 and only embeddings, head and norms are fp32."""
+    from tunecast.config.runner import apply_runner
+    from tunecast.estimate.moe import linear_expert_numel
+
+    config = catalog.models.find(MIXTRAL).data
+    spec = apply_runner(RunSpec.model_validate({"model": MIXTRAL, "method": "qlora", "runner": "hf-trainer",
+                                                "transformers_version": "4.48.1", "precision": "bf16",
+                                                "micro_batch": 1, "seq_len": 512}))
+    today = spec.model_copy(update={"transformers_version": None})
+    assert linear_expert_numel(config, spec) == unquantized_numel(config) > 0
+    assert linear_expert_numel(config, today) == linear_expert_numel(config, None) == 0
+    estimate = estimate_memory(spec, config, device="cuda", gpu=None, overheads=catalog.overheads)
+    h, layers, vocab = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * h // config["num_attention_heads"]
+    matrices = layers * (2 * h * h + 2 * h * kv) + unquantized_numel(config)
+    expected = matrices / 2 + 4 * (2 * vocab * h + (2 * layers + 1) * h)
+    assert estimate.breakdown_gib["weights"] * 2**30 == pytest.approx(expected, rel=1e-6)
+    assert estimate.notes[0].startswith("transformers 4.48.1 (transformers_version) built the experts and the router "
+                                        "as nn.Linear modules")
+
+
+def test_gpt_oss_experts_stay_fused_before_transformers_5(catalog) -> None:  # type: ignore[no-untyped-def]
+    """gpt-oss had fused 3-D experts from its first release (transformers 4.55): nothing changes for it."""
+    from tunecast.estimate.moe import linear_expert_numel
+
+    model = catalog.models.find("openai/gpt-oss-20b")
+    spec = RunSpec.model_validate({"model": "openai/gpt-oss-20b", "method": "qlora", "runner": "trl",
+                                   "transformers_version": "4.57.1"})
+    assert model is not None and linear_expert_numel(model.data, spec) == 0
