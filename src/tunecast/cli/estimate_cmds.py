@@ -119,7 +119,8 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
     fit = answer.fit
     verdict = (f"[green]fits[/] with {fit.headroom_gib:.1f} GiB to spare" if fit.fits
                else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least, "
-                    f"{-fit.headroom_gib:.1f} GiB over with the cache as it grows" if fit.at_edge
+                    f"{-fit.headroom_gib:.1f} GiB over with the cache as it grows, so the cache fills the card "
+                    f"({fit.device_total_gib:.1f} GiB shown) and is released there" if fit.at_edge
                else f"[red]does not fit[/]: {-fit.headroom_gib:.1f} GiB over")
     out.print(f"\nOn [bold]{fit.gpu}[/] ({fit.capacity_gib:.2f} GiB usable): {verdict}")
     longest = f"{fit.max_seq_len:,} tokens" + (" (the model's context length)" if fit.max_seq_len_capped else "")
