@@ -1,6 +1,7 @@
 """The command line end to end, through the real entry point."""
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,28 @@ def test_console_script_and_python_m_agree(tmp_path: Path) -> None:
     assert module.code == 2 and "Traceback" not in module.stderr and "3 problems" in module.stderr
     version = run_subprocess(PYTHON, "-m", "tunecast", "--version")
     assert version.code == 0 and "tunecast" in version.stdout
+
+
+def test_an_estimate_run_as_the_program_exits_at_once_with_its_whole_answer(tmp_path: Path) -> None:
+    """`tunecast memory` run as the program (main() without argv) skips the interpreter's teardown (app.py
+    `_quick_exit`): its exit handlers still run, and its whole answer is written, to a pipe as to a file."""
+    marker = tmp_path / "atexit-ran"
+    script = ("import atexit, pathlib, sys\n"
+              f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+              "sys.argv = ['tunecast', *sys.argv[1:]]\nfrom tunecast.cli import main\nmain()\n"
+              "raise SystemExit('main() returned')\n")
+    args = ("memory", "--model", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--micro-batch", "1", "--seq-len", "256",
+            "--gpu", "rtx-4090", "--json")
+    piped = run_subprocess(PYTHON, "-c", script, *args)
+    assert piped.code == 0, piped.stderr[-500:]
+    answer = json.loads(piped.stdout)
+    assert answer["fits"] is True and marker.read_text() == "yes"
+    marker.unlink()
+    written = tmp_path / "answer.json"
+    with written.open("w") as sink:
+        completed = subprocess.run([PYTHON, "-c", script, *args], stdout=sink, stderr=subprocess.PIPE, text=True,
+                                   cwd=REPO, timeout=300)
+    assert completed.returncode == 0 and json.loads(written.read_text()) == answer and marker.exists()
 
 
 def test_internal_errors_are_short_without_debug(tmp_path: Path) -> None:

@@ -105,8 +105,9 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     the solution is checked with the composed step on both sides (n fits, n + 1 does not), and a check that fails adds
     its measurement for the next solve. After SOLVE_ROUNDS, what is left open (the allocator's rounding, or a peak that
     moved to another phase, which the line misses) is closed on the composed step's own measurements
-    (`_closing`), checked on both sides; bisected where that did not halve the interval, and searched upward in
-    doubling steps while no measurement fails."""
+    (`_closing`), each guess checked on both sides; bisected where that did not halve the interval; while no
+    measurement fails, upward where the line of the largest two that fit reaches the capacity (`_above_fitting`),
+    else in doubling steps."""
     fitting, failing = low - 1, high + 1  # the largest n known to fit, the smallest known not to
     gaps: list[tuple[int, float]] = []
     values: dict[int, float] = {}
@@ -145,16 +146,20 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     halved = True
     while not closed():
         width = failing - fitting
-        if failing not in values:  # nothing above fails yet: upward from what fits, in doubling steps
-            fits(fitting + step if step < width else (fitting + failing) // 2)
+        if failing not in values:  # nothing above fails yet: where the line of what fits leads, else doubling steps
+            ahead = _above_fitting(values, fitting, capacity)
+            if ahead is not None and fitting < ahead < failing:
+                checked(ahead)
+            else:
+                fits(fitting + step if step < width else (fitting + failing) // 2)
             step *= 2
             continue
         guess = min(max(_closing(values, fitting, failing, capacity) if halved else (fitting + failing) // 2,
                         fitting + 1), failing - 1)
-        if width > 4 * (1 + margin(fitting)):
-            fits(guess)  # far from closing: the guess alone narrows the interval
+        if halved or width <= 4 * (1 + margin(fitting)):
+            checked(guess)  # a guess from the measurements' lines is near the limit: both of its sides close it
         else:
-            checked(guess)
+            fits(guess)  # a bisection: the guess alone narrows the interval
         halved = failing - fitting <= width // 2
     return fitting
 
@@ -179,6 +184,16 @@ def _below_failing(values: dict[int, float], capacity: float) -> int | None:
         return None
     first, second = over
     return first - int((values[first] - capacity) * (second - first) / (values[second] - values[first]))
+
+
+def _above_fitting(values: dict[int, float], fitting: int, capacity: float) -> int | None:
+    """Where the line through the two largest measurements that fit (up to `fitting`) reaches the capacity; None
+    without two such on a rising line. Where memory is convex the limit is at or below it; at it where linear."""
+    under = sorted(n for n, value in values.items() if value <= capacity and n <= fitting)[-2:]
+    if len(under) < 2 or values[under[1]] <= values[under[0]]:
+        return None
+    first, second = under
+    return second + int((capacity - values[second]) * (second - first) / (values[second] - values[first]))
 
 
 def _between(values: dict[int, float], fitting: int, failing: int, capacity: float) -> int | None:
