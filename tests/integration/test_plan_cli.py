@@ -168,8 +168,8 @@ def test_an_old_price_is_marked_in_the_table_and_the_recommendation(cli, model) 
     assert any(line.startswith("Old price: 1 × h100-sxm on oldcloud is from 2020-01-01")
                for line in document["recommendations"])
     table = cli(*args)
-    assert table.code == 0 and "$0.01*" in table.stdout
-    assert "older than 90 days (the oldest shown is from 2020-01-01)" in " ".join(table.stdout.split())
+    assert table.code == 0 and "2020-01-01*" in table.stdout  # the price's date, marked
+    assert "after 30 days; the oldest shown is from 2020-01-01)" in " ".join(table.stdout.split())
 
 
 def test_check_is_a_pre_flight_gate_over_the_budget_and_deadline(cli, model) -> None:
@@ -185,3 +185,26 @@ def test_check_is_a_pre_flight_gate_over_the_budget_and_deadline(cli, model) -> 
     fastest = min(o["hours"] for o in document["options"] if o["fits"])
     late = cli(*plan_args(model, *fixed, "--check", "--deadline", f"{fastest / 2:.6f}"))
     assert late.code == 3 and "a deadline of" in late.stderr
+
+
+def test_offline_a_refresh_says_each_unreachable_source_once_and_the_plan_is_unchanged(
+        cli, model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No network (every source at a port that refuses): `offers --refresh` exits 0 with one line per source, and
+    `plan --refresh` plans with the prices it had."""
+    for variable in ("GPUHUNT_CATALOG_URL", "TUNECAST_SKYPILOT_CATALOG_URL", "TUNECAST_VASTAI_URL"):
+        monkeypatch.setenv(variable, "http://127.0.0.1:9/unreachable")
+    monkeypatch.delenv("GPUHUNT_CATALOG_DIR", raising=False)
+    refreshed = cli("offers", "--refresh", "--gpu", "h100-sxm")
+    assert refreshed.code == 0 and "h100-sxm" in refreshed.stdout
+    lines = [line for line in refreshed.stderr.splitlines() if "could not refresh" in line]
+    assert [line.split(":")[0] for line in lines] == ["gpuhunt", "skypilot"], refreshed.stderr
+    assert "the last snapshot of each stays" in " ".join(refreshed.stderr.split())
+    args = plan_args(model, "--gpu", "h100-sxm", "--gpus", "1")
+    before = cli(*args, "--json").json()
+    after = cli(*args, "--refresh", "--json")
+    assert after.code == 0 and len([line for line in after.stderr.splitlines() if "could not refresh" in line]) == 2
+    document = after.json()
+    assert all(not item["ok"] for item in document.pop("refreshed"))
+    assert document["options"] == before["options"]
+    unknown = cli("offers", "--refresh", "--provider", "nowhere-cloud")
+    assert unknown.code == 2 and "--provider" in unknown.stderr and "no price source refreshes" in unknown.stderr

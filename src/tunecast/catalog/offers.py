@@ -20,8 +20,11 @@ from pydantic import Field, field_validator, model_validator
 from tunecast.catalog.rows import CatalogRow
 from tunecast.errors import ConfigError, Problem
 
-# A price older than this is flagged: GPU rental prices move by tens of percent within months.
-STALE_AFTER_DAYS = 90
+# A price older than this many days is flagged, by kind of price: a marketplace's (hosts set their own prices and
+# machines come and go, Vast.ai, TensorDock, Akash, RunPod's community cloud) moves within a day; a provider's list
+# price within weeks. `tunecast offers --refresh` fetches today's (catalog/refresh.py).
+STALE_AFTER_DAYS = {"marketplace": 1, "list": 30}
+MARKETPLACE_PROVIDERS = frozenset({"vast", "tensordock", "akash"})
 
 
 class VolumeDefault(CatalogRow):
@@ -109,6 +112,11 @@ class Offer(CatalogRow):
     """Published persistent volume price, USD per GB-month; empty where the offer publishes none."""
     spot_interruptions_per_hour: float | None = Field(None, ge=0)
     """Published mean spot interruptions per instance-hour; empty when unknown."""
+    available: int | None = Field(None, ge=0)
+    """Machines of this configuration a live source listed as rentable when its snapshot was taken
+    (`tunecast offers --refresh`); empty where the source does not say."""
+    price_disagreement: str = ""
+    """Where two price sources list this offer at different prices: both, and which the plan uses (snapshots.py)."""
     internode_gb_per_s: float | None = Field(None, gt=0)
     """Network bandwidth between nodes of this offer, per node and direction, decimal GB/s (AWS EFA, InfiniBand,
     RoCE); empty where the provider publishes none. Only offers with it are planned across several nodes."""
@@ -156,8 +164,19 @@ class Offer(CatalogRow):
     def age_days(self, today: date) -> int:
         return (today - self.as_of).days
 
+    @property
+    def price_kind(self) -> str:
+        """`marketplace` (MARKETPLACE_PROVIDERS, and RunPod's community cloud) or `list`: what its staleness is
+        judged by (STALE_AFTER_DAYS)."""
+        community = self.provider == "runpod" and "community" in self.instance_type.lower()
+        return "marketplace" if self.provider in MARKETPLACE_PROVIDERS or community else "list"
+
+    @property
+    def stale_after_days(self) -> int:
+        return STALE_AFTER_DAYS[self.price_kind]
+
     def is_stale(self, today: date) -> bool:
-        return self.age_days(today) > STALE_AFTER_DAYS
+        return self.age_days(today) > self.stale_after_days
 
 
 def with_volume_default(offer: Offer, defaults: VolumeDefaults) -> Offer:

@@ -75,7 +75,9 @@ def _number(text: str | None) -> float | None:
     return value
 
 
-def _gpu_slug(name: str, instance_type: str, provider: str, catalog: Catalog) -> str | None:
+def gpu_slug(name: str, instance_type: str, provider: str, catalog: Catalog) -> str | None:
+    """The catalog GPU a price source names for `provider`: its own names first (PROVIDER_NAMES), then the catalog's
+    aliases, a PCIe instance type taking the PCIe card."""
     special = PROVIDER_NAMES.get(provider, {}).get(name)
     if special:
         return special
@@ -122,7 +124,7 @@ def parse_skypilot(text: str, catalog: Catalog, *, provider: str, as_of: date, s
             instance = host or ""
             price += vm[0]
             spot = spot + vm[1] if spot is not None and vm[1] is not None else None
-        slug = _gpu_slug(name, instance, provider, catalog)
+        slug = gpu_slug(name, instance, provider, catalog)
         if slug is None:
             result.skipped[f"GPU {name} is not in the GPU catalog"] += 1
             continue

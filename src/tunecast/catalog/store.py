@@ -4,7 +4,9 @@ A user directory (`--catalog DIR`, `$TUNECAST_CATALOG`, or ~/.local/share/tuneca
 `gpus.csv`, `offers.csv`, `volume_defaults.csv`, `models.csv` with `models/*.json` and `model_aliases.csv`, in the
 bundled files' format, and the devices `tunecast probe` measured (`devices.csv`, `device_measurements.csv`). Its
 rows add to the bundled ones and replace those with the same key (a GPU's slug, a model's name, an alias's id, an
-offer's provider, GPU, node size, instance type and region, a kind of provider).
+offer's provider, GPU, node size, instance type and region, a kind of provider). The snapshots of today's prices
+that `tunecast offers --refresh` saves there (`prices/`) replace the rows of each offer they list at least as
+recently (catalog/snapshots.py).
 
 Every offer, bundled or the user's, that publishes no volume price is given the default for its kind of
 provider here, once the offers are merged (see `tunecast.catalog.offers`): the planner prices storage from the
@@ -26,6 +28,7 @@ from tunecast.catalog.models import ModelAlias, ModelEntry, ModelIndex
 from tunecast.catalog.offers import Offer, VolumeDefault, VolumeDefaults, volume_defaults, with_volume_default
 from tunecast.catalog.overheads import Overhead
 from tunecast.catalog.rows import parse_rows
+from tunecast.catalog.snapshots import apply_snapshots, latest_snapshots
 from tunecast.catalog.throughput import ThroughputConstants, ThroughputRow
 from tunecast.errors import ConfigError, Problem, TunecastError
 
@@ -167,6 +170,8 @@ def load_catalog(user_dir: Path | None = None) -> Catalog:
     if user_offers:
         for offer in _canonical_offers(user_offers, index, str(active_user_dir)):
             merged[offer.key] = offer
+    # today's prices fetched by `tunecast offers --refresh`, where they are the freshest (snapshots.py)
+    merged = apply_snapshots(merged, latest_snapshots(active_user_dir))
     defaults = volume_defaults(volumes.values(), volumes_label)
     return Catalog(
         version=str(meta["version"]),

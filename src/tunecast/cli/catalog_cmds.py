@@ -28,7 +28,10 @@ def _offer_doc(offer: Offer, on: date) -> dict[str, Any]:
 
 
 def _short_source(source: str) -> str:
-    """The domain of the first cited URL that is not a copy on GitHub (the provider's own page)."""
+    """A refreshed price's source as named (`gpuhunt 20261205-1`); else the domain of the first cited URL that is
+    not a copy on GitHub (the provider's own page)."""
+    if source.startswith(("gpuhunt", "skypilot")):
+        return source.split(" ; ")[0]
     domains = []
     for cited in source.split(" ; "):
         text = cited.strip()
@@ -78,19 +81,28 @@ def offers_command(
     ctx: typer.Context,
     json_output: JsonFlag = False,
     gpu: Annotated[str | None, typer.Option("--gpu", help="Only offers for this GPU (slug or alias).")] = None,
-    provider: Annotated[str | None, typer.Option("--provider", help="Only this provider.")] = None,
+    provider: Annotated[list[str] | None, typer.Option(
+        "--provider", help="Only this provider (repeat for several); with --refresh, refresh only these.")] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Only offers with a spot price.")] = False,
+    refresh: Annotated[bool, typer.Option(
+        "--refresh", help="First fetch today's offers from the price sources (gpuhunt, SkyPilot's catalogs) into "
+        "your catalog; a source that cannot be reached is said in one line and its last snapshot kept.")] = False,
+    source: Annotated[list[str] | None, typer.Option(
+        "--source", help="With --refresh: only this source, gpuhunt or skypilot (repeat for both).")] = None,
 ) -> None:
     """Price offers: provider, GPU, node size, on-demand and spot USD per GPU-hour, billing, as_of, source."""
     if ctx.invoked_subcommand is not None:
         return
+    from tunecast.catalog.offers import STALE_AFTER_DAYS
     from tunecast.catalog.store import today
 
+    refreshed = refresh_offers(ctx, provider, source, json_output=json_output) if refresh else None
     catalog = state(ctx).catalog()
-    offers = _filter_offers(catalog, gpu, provider, spot)
+    offers = _filter_offers(catalog, gpu, provider, spot, strict=not refresh)
     on = today()
     if json_output:
-        print_json([_offer_doc(o, on) for o in offers])
+        documents = [_offer_doc(o, on) for o in offers]
+        print_json(documents if refreshed is None else {"refreshed": refreshed, "offers": documents})
         return
     only_gpu = offers[0].gpu if gpu is not None and offers else None
     title = f"Price offers{f' for {only_gpu}' if only_gpu else ''} (catalog {catalog.version}; USD per GPU-hour)"
@@ -98,6 +110,8 @@ def offers_command(
     columns = [("gpu", "left")] if only_gpu is None else []
     columns += [("provider", "left"), ("GPUs", "right"), ("on-demand", "right"), ("spot", "right"),
                 ("billing", "left"), ("disk $/GB·mo", "right"), ("as of", "left"), ("source", "left")]
+    listed = any(o.available is not None for o in offers)  # a live marketplace's snapshot says how many
+    columns += [("listed", "right")] if listed else []
     for heading, justify in columns:
         table.add_column(heading, justify=justify, no_wrap=True,  # type: ignore[arg-type]
                          max_width=22 if heading == "source" else None, overflow="ellipsis",
@@ -113,13 +127,16 @@ def offers_command(
                   format_usd(o.spot_usd_per_hour) if o.spot_usd_per_hour else "—", _billing(o),
                   _volume(o),
                   as_of, escape(_short_source(o.source))]
+        cells += ([str(o.available) if o.available is not None else "—"] if listed else [])
         table.add_row(*cells)
     out.print(table)
     if any(o.volume_default is not None for o in offers):
         out.print("[dim]~ assumed: no published disk price, so the default for the provider's kind "
                   "(`tunecast offers --json` shows it, with its source).[/]")
     if stale:
-        err.print(f"[yellow]* {stale} offer(s) are older than 90 days; prices may have moved.[/]")
+        err.print(f"[yellow]* {stale} offer(s) are older than their kind's limit (a marketplace's: "
+                  f"{STALE_AFTER_DAYS['marketplace']} day; a list price's: {STALE_AFTER_DAYS['list']} days); prices "
+                  "may have moved: `tunecast offers --refresh` fetches today's.[/]")
 
 
 def _volume(offer: Offer) -> str:
@@ -138,19 +155,49 @@ def _billing(offer: Offer) -> str:
     return unit
 
 
-def _filter_offers(catalog: Catalog, gpu: str | None, provider: str | None, spot: bool) -> list[Offer]:
+def refresh_offers(ctx: typer.Context, providers: list[str] | None, sources: list[str] | None, *,
+                   json_output: bool) -> list[dict[str, Any]]:
+    """`--refresh`: today's offers into the user's catalog, a line for each source and provider on stderr (one per
+    source that could not be reached). Never fails for a source; an unknown provider or source is a user error."""
+    from tunecast.catalog.refresh import REFRESHABLE, refresh, unreachable
+    from tunecast.catalog.snapshots import SOURCES
+    from tunecast.catalog.user import user_catalog_dir
+    from tunecast.errors import TunecastError, suggestion_text
+
+    for name, given, known in (("--provider", providers or [], REFRESHABLE), ("--source", sources or [], SOURCES)):
+        for value in given:
+            if value not in known:
+                raise TunecastError(f"{name} {value}: " + ("no price source refreshes this provider"
+                                                            if name == "--provider" else "no such price source"),
+                                    field=name,
+                                    hint=suggestion_text(value, list(known)) or f"one of: {', '.join(known)}")
+    results = refresh(user_catalog_dir(state(ctx).catalog_dir), providers or None, tuple(sources or SOURCES))
+    for fetched in results if not json_output else ():
+        if fetched.offers is not None:
+            err.print(f"{fetched.source} {fetched.provider}: {len(fetched.offers)} offer(s), {fetched.added} new, "
+                      f"{fetched.updated} changed, {fetched.dropped} gone")
+    for line in unreachable(results):  # said with --json too: on stderr, beside the document
+        err.print(f"[yellow]{escape(line)}[/]")
+    return [fetched.as_dict() for fetched in results]
+
+
+def _filter_offers(catalog: Catalog, gpu: str | None, providers: list[str] | None, spot: bool, *,
+                   strict: bool = True) -> list[Offer]:
+    """The offers asked for; `strict`: a provider the catalog does not know is an error (after a refresh that could
+    not reach it, it is simply not listed)."""
     offers = list(catalog.offers)
     if gpu is not None:
         slug = catalog.gpus.get(gpu, field="--gpu").slug
         offers = [o for o in offers if o.gpu == slug]
-    if provider is not None:
+    if providers:
         from tunecast.errors import TunecastError, suggestion_text
 
-        if provider not in catalog.providers:
-            raise TunecastError(f"unknown provider {provider!r}", field="--provider",
-                                hint=suggestion_text(provider, catalog.providers)
-                                or f"known providers: {', '.join(catalog.providers)}")
-        offers = [o for o in offers if o.provider == provider]
+        for provider in providers if strict else ():
+            if provider not in catalog.providers:
+                raise TunecastError(f"unknown provider {provider!r}", field="--provider",
+                                    hint=suggestion_text(provider, catalog.providers)
+                                    or f"known providers: {', '.join(catalog.providers)}")
+        offers = [o for o in offers if o.provider in providers]
     if spot:
         offers = [o for o in offers if o.spot_usd_per_hour is not None]
     return sorted(offers, key=lambda o: (o.gpu, o.usd_per_hour, o.provider))

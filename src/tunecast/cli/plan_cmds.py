@@ -39,6 +39,12 @@ def plan_command(
         "runs at its measured speed, the others' predictions are corrected by it.")] = None,
     report: Annotated[Path | None, typer.Option("--report", metavar="FILE", help="Also write the plan as a "
                                                 "self-contained HTML page with charts (works offline).")] = None,
+    refresh: Annotated[bool, typer.Option(
+        "--refresh", help="First fetch today's offers (`tunecast offers --refresh`); a source that cannot be reached "
+        "is said in one line and the last prices are used.")] = False,
+    available: Annotated[bool, typer.Option(
+        "--available", help="Rank only offers a live marketplace listed as rentable in its last refreshed snapshot "
+        "(Vast.ai).")] = False,
     json_output: JsonFlag = False,
     check: Annotated[bool, typer.Option(
         "--check", help="A pre-flight gate: exit 0 when at least one option fits within the budget and deadline, and "
@@ -54,8 +60,9 @@ def plan_command(
     from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
     loaded = load_from_cli(ctx, config, spec_args)
+    refreshed = _refresh(ctx, loaded.spec.pricing.providers, json_output) if refresh else None
     request = PlanRequest(optimize, budget, deadline, preemptions,
-                          read_calibration(calibration) if calibration is not None else None)
+                          read_calibration(calibration) if calibration is not None else None, available)
     with working("Planning…") as status:
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
@@ -66,7 +73,7 @@ def plan_command(
         write_user_file(report, plan_report(document, state(ctx).catalog()), field="--report")
         err.print(f"wrote {escape(str(report))}")
     if json_output:
-        print_json({**document, **imported_part(loaded)})
+        print_json({**document, **imported_part(loaded), **({"refreshed": refreshed} if refresh else {})})
     else:
         _render_plan(document, top)
         print_problems(list(loaded.warnings) + [Problem(**w) for w in document.get("warnings", [])])
@@ -76,6 +83,20 @@ def plan_command(
         err.print(f"check failed: {escape(failure)}")
         return DOES_NOT_FIT
     return 0
+
+
+def _refresh(ctx: typer.Context, providers: list[str], json_output: bool) -> list[dict[str, Any]]:
+    """`plan --refresh`: today's offers of the providers the run considers (`pricing.providers`; all by default) that
+    a price source serves; never fails the plan."""
+    from tunecast.catalog.refresh import REFRESHABLE
+    from tunecast.cli.catalog_cmds import refresh_offers
+
+    served = [p for p in providers if p in REFRESHABLE]
+    if providers and not served:
+        err.print(f"[yellow]no price source refreshes {', '.join(providers)} (pricing.providers): their catalog prices "
+                  "are used[/]")
+        return []
+    return refresh_offers(ctx, served or None, None, json_output=json_output)
 
 
 UNFIT_SHOWN = 8  # configurations that do not fit, listed with their reason under the table
@@ -107,18 +128,19 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced; ★ = Pareto front of "
                   "cost and time)", title_justify="left")
     columns = [("", "left"), ("gpus", "left"), ("provider", "left"), ("", "left"), ("$/h", "right"),
-               ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("tok/s", "right"), ("comm", "right"),
-               ("hours", "right"), ("total", "right")] + ([("basis", "left")] if calibrated else [])
+               ("price of", "left"), ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("tok/s", "right"),
+               ("comm", "right"), ("hours", "right"), ("total", "right")] + ([("basis", "left")] if calibrated else [])
     for heading, justify in columns:
         table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     shown = priced[:top] + unpriced[:UNPRICED_SHOWN]
     for option in shown:
         cost = option["total_usd"] is not None
         rate = format_usd(option["usd_per_hour_total"]) if cost else "—"
+        dated = option.get("price_as_of") or "—"
         if option.get("price_stale"):
-            rate = f"[yellow]{rate}*[/]"
+            dated = f"[yellow]{dated}*[/]"
         table.add_row("★" if option["pareto"] else "", gpus_text(option),
-                      escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "", rate,
+                      escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "", rate, dated,
                       f"{option['micro_batch']}×{option['grad_accum']}",
                       "yes" if option["grad_checkpointing"] else "", f"{option['device_total_gib']:.1f}",
                       f"{option['tokens_per_second']:,.0f}", _comm_text(option),
@@ -129,8 +151,11 @@ def _render_plan(document: dict[str, Any], top: int) -> None:
     out.print(table)
     stale = [o["price_as_of"] for o in shown if o.get("price_stale")]
     if stale:
-        out.print(f"[yellow]* a price older than {STALE_AFTER_DAYS} days (the oldest shown is from {min(stale)}): it "
-                  "may have moved; `tunecast offers` lists every price's date and source.[/]")
+        out.print(f"[yellow]* an old price (a marketplace's after {STALE_AFTER_DAYS['marketplace']} day, a list "
+                  f"price's after {STALE_AFTER_DAYS['list']} days; the oldest shown is from {min(stale)}): it may have "
+                  "moved; "
+                  "`tunecast plan --refresh` fetches today's, `tunecast offers` lists every price's date and "
+                  "source.[/]")
     unfit = {(o["gpu"], o["gpu_count"]): o["notes"][0] for o in options if not o["fits"]}
     if unfit:
         out.print(f"Does not fit ({len(unfit)}):")

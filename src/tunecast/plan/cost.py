@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-from tunecast.catalog.offers import STALE_AFTER_DAYS, Offer
+from tunecast.catalog.offers import Offer
 from tunecast.train.policy import young_daly_interval
 from tunecast.units import HOURS_PER_MONTH, SECONDS_PER_HOUR
 
@@ -76,7 +76,10 @@ class OfferCost:
     notes: tuple[str, ...]
     price_as_of: date | None = None  # the date of the offer's price
     price_age_days: int | None = None  # how old that price is on the day of the plan
-    price_stale: bool = False  # older than the catalog's STALE_AFTER_DAYS (`tunecast offers` marks it `*`)
+    price_stale: bool = False  # older than the catalog's STALE_AFTER_DAYS for its kind (`tunecast offers` marks `*`)
+    price_source: str = ""  # where the price comes from (the offer's `source`: a URL, or a refresh's source and URL)
+    price_kind: str = "list"  # `list` or `marketplace`: what its staleness is judged by
+    available: int | None = None  # machines a live marketplace listed when its snapshot was taken
 
     @property
     def total_usd(self) -> float:
@@ -91,7 +94,8 @@ class OfferCost:
                 "checkpoint_interval_hours": round(self.checkpoint_interval_hours, 3),
                 "expected_preemptions": round(self.expected_preemptions, 2),
                 "price_as_of": self.price_as_of.isoformat() if self.price_as_of else None,
-                "price_age_days": self.price_age_days, "price_stale": self.price_stale}
+                "price_age_days": self.price_age_days, "price_stale": self.price_stale,
+                "price_source": self.price_source, "price_kind": self.price_kind, "available": self.available}
 
 
 def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruptions_per_hour: float,
@@ -107,8 +111,13 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
         notes.append(f"the offer rents whole nodes of {offer.gpu_count} GPUs")
     stale = offer.is_stale(today)
     if stale:
-        notes.append(f"price from {offer.as_of.isoformat()}, {offer.age_days(today)} days old (older than "
-                     f"{STALE_AFTER_DAYS} days: check it)")
+        notes.append(f"price from {offer.as_of.isoformat()}, {offer.age_days(today)} days old (a {offer.price_kind} "
+                     f"price older than {offer.stale_after_days} day{'s' if offer.stale_after_days > 1 else ''}: "
+                     "`tunecast offers --refresh` fetches today's)")
+    if offer.price_disagreement:
+        notes.append(f"price sources disagree: {offer.price_disagreement}")
+    if offer.available is not None:
+        notes.append(f"{offer.available} machine(s) of this kind listed on {offer.as_of.isoformat()}")
     base_hours = shape.startup_hours + shape.train_hours
     preemption_hours = 0.0
     expected = 0.0
@@ -145,7 +154,8 @@ def price_run(shape: RunShape, offer: Offer, *, spot: bool, default_interruption
     if note:
         notes.append(note)
     return OfferCost(offer.provider, spot, rate, wall_hours, compute_usd, storage_usd, preemption_usd, interval,
-                     expected, tuple(notes), offer.as_of, offer.age_days(today), stale)
+                     expected, tuple(notes), offer.as_of, offer.age_days(today), stale, offer.source,
+                     offer.price_kind, offer.available)
 
 
 def _volume_note(offer: Offer) -> str | None:

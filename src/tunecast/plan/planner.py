@@ -120,7 +120,8 @@ class Option:
             "hours": round(self.cost.hours, 3) if self.cost else (round(c.hours, 3) if c else None),
             "eval_hours": round(c.eval_hours, 3) if c else None,
             "compute_usd": None, "storage_usd": None, "preemption_usd": None, "total_usd": None,
-            "price_as_of": None, "price_age_days": None, "price_stale": False,
+            "price_as_of": None, "price_age_days": None, "price_stale": False, "price_source": None,
+            "price_kind": None, "available": None,
             "pareto": self.pareto,
             "capacity_gib": round(self.capacity_gib, 2) if self.capacity_gib is not None else None,
             "memory_breakdown_gib": _breakdown(c.memory if c else self.closest),
@@ -131,7 +132,8 @@ class Option:
         if self.cost:
             cost = self.cost.as_dict()
             for key in ("compute_usd", "storage_usd", "preemption_usd", "total_usd", "checkpoint_interval_hours",
-                        "expected_preemptions", "price_as_of", "price_age_days", "price_stale"):
+                        "expected_preemptions", "price_as_of", "price_age_days", "price_stale", "price_source",
+                        "price_kind", "available"):
                 document[key] = cost[key]
         return document
 

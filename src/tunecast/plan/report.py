@@ -40,6 +40,7 @@ class PlanRequest:
     deadline_hours: float | None = None
     interruptions_per_hour: float | None = None
     calibration: dict[str, Any] | None = None  # a `tunecast calibrate` document
+    available_only: bool = False  # rank only offers a live marketplace's snapshot listed as rentable (`--available`)
 
     def over(self, spec: RunSpec) -> PlanRequest:
         """This request with what it leaves open taken from the run's `plan:` section."""
@@ -78,6 +79,8 @@ def make_plan(loaded: LoadedSpec, catalog: Catalog, request: PlanRequest, *, tod
     stops there when its client left)."""
     request = request.over(loaded.spec)
     _check(request)
+    if request.available_only:  # offers whose snapshot listed machines to rent; the others are not ranked
+        catalog = replace(catalog, offers=tuple(o for o in catalog.offers if o.available))
     cache = cache and os.environ.get("TUNECAST_NO_CACHE") != "1"
     path = cache_dir() / "plans" / f"{_fingerprint(loaded, catalog, request, today)}.json" if cache else None
     if path is not None and path.is_file():
@@ -210,9 +213,10 @@ def recommendations(ranked: list[Option], dropped: list[Option], *, optimize: st
     stale = [f"{o.gpu_count} × {o.gpu} on {o.cost.provider} is from {o.cost.price_as_of}, {o.cost.price_age_days} "
              "days ago" for o in named if o.cost is not None and o.cost.price_stale]
     if stale:
-        advice.append(f"Old price{'s' if len(stale) > 1 else ''}: {'; '.join(stale)}. Check the provider's page "
-                      "before you rent (`tunecast offers` marks prices older than "
-                      f"{STALE_AFTER_DAYS} days with *).")
+        advice.append(f"Old price{'s' if len(stale) > 1 else ''}: {'; '.join(stale)}. `tunecast plan --refresh` "
+                      "fetches today's, or check the provider's page before you rent (`tunecast offers` marks with * "
+                      f"a marketplace's price older than {STALE_AFTER_DAYS['marketplace']} day and a list price older "
+                      f"than {STALE_AFTER_DAYS['list']} days).")
     if cheapest.cost is not None and cheapest.cost.spot:
         advice.append(f"The cheapest run is on spot capacity: it expects {cheapest.cost.expected_preemptions:.1f} "
                       f"preemptions and checkpoints every {cheapest.cost.checkpoint_interval_hours * 60:.0f} min; "

@@ -141,9 +141,11 @@ def _options_table(priced: list[dict[str, Any]]) -> str:
     more = f" The first {TABLE_ROWS} of {len(priced)}; `tunecast plan --json` lists all." if len(priced) > TABLE_ROWS \
         else ""
     stale = sorted(o["price_as_of"] for o in priced[:TABLE_ROWS] if o.get("price_stale"))
-    warning = paragraph(f"* {len(stale)} of these prices are older than {STALE_AFTER_DAYS} days (the oldest from "
-                        f"{stale[0]}): they may have moved; check the provider before you rent. `tunecast offers` "
-                        "lists every price's date and source.") if stale else ""
+    warning = paragraph(f"* {len(stale)} of these prices are old (a marketplace's after "
+                        f"{STALE_AFTER_DAYS['marketplace']} day, a list price's after {STALE_AFTER_DAYS['list']} days; "
+                        f"the oldest from {stale[0]}): they may have moved; `tunecast plan --refresh` fetches today's, "
+                        "or check the provider before you rent. `tunecast offers` lists every price's date and "
+                        "source.") if stale else ""
     return table(columns, rows, highlight=[0], name="options") + warning + paragraph(
         "Click a column head to sort." + more, muted=True)
 

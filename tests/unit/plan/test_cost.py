@@ -1,7 +1,7 @@
 """Cost of a whole run on an offer: billing rules, node sizes, storage, spot preemptions and Young/Daly."""
 
 import math
-from datetime import date
+from datetime import date, timedelta
 
 import pytest
 
@@ -129,7 +129,13 @@ def test_no_spot_price_no_spot_option_and_stale_prices_flagged() -> None:
                      today=TODAY) is None
     old = price_run(shape(), offer(as_of=date(2026, 1, 1)), spot=False, default_interruptions_per_hour=0.5,
                     today=TODAY)
-    assert old is not None and any("older than 90 days" in note for note in old.notes)
+    assert old is not None and any("a list price older than 30 days" in note for note in old.notes)
+    month = price_run(shape(), offer(as_of=TODAY - timedelta(days=30)), spot=False, default_interruptions_per_hour=0.5,
+                      today=TODAY)
+    assert month is not None and not month.price_stale and month.as_dict()["price_kind"] == "list"
+    market = price_run(shape(), offer(provider="vast", as_of=TODAY - timedelta(days=2)), spot=False,
+                       default_interruptions_per_hour=0.5, today=TODAY)
+    assert market is not None and market.price_stale and market.as_dict()["price_kind"] == "marketplace"
 
 
 def test_free_checkpoint_writes_keep_a_floor_interval() -> None:

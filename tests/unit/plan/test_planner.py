@@ -228,7 +228,7 @@ def test_node_offers_bill_the_whole_node_and_stale_prices_are_flagged(tmp_path) 
     priced = [o for o in document["options"] if o["total_usd"] is not None]
     assert {o["gpu_count"] for o in priced} == {1, 2, 4, 8}
     assert all(o["usd_per_hour_total"] == pytest.approx(16.0) for o in priced)
-    assert all(any("older than 90 days" in n for n in o["notes"]) for o in priced)
+    assert all(any("a list price older than 30 days" in n for n in o["notes"]) for o in priced)
     assert any(any("whole nodes of 8" in n for n in o["notes"]) for o in priced if o["gpu_count"] < 8)
 
 

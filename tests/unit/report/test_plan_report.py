@@ -3,6 +3,7 @@ ticks that say their value, an old price marked, and a plan or a run that costs 
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -49,7 +50,8 @@ def test_an_old_price_is_marked_in_the_ranked_options() -> None:
                        load_catalog(None))
     table = page.split('data-table="options"', 1)[1].split("</table>", 1)[0]
     assert "$0.18*" in table and "$2.50*" not in table and "$2.50" in table
-    assert "1 of these prices are older than 90 days (the oldest from 2026-06-17)" in page
+    assert "1 of these prices are old (a marketplace's after 1 day, a list price's after 30 days; the oldest from " \
+           "2026-06-17)" in html.unescape(page)
     layout = _chart(page, "cost-vs-time")["layout"]
     assert layout["xaxis"]["type"] == "log" and "0.5 h" in layout["xaxis"]["ticktext"]
     assert layout["yaxis"]["type"] == "log" and all(text.startswith("$") for text in layout["yaxis"]["ticktext"])
