@@ -29,7 +29,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -234,7 +234,7 @@ def refresh(catalog_dir: Path, providers: Sequence[str] | None = None, sources: 
             now: datetime | None = None) -> list[Fetched]:
     """Fetch today's offers of `providers` (all REFRESHABLE by default) from each of `sources` that serves them, and
     save each answer as a snapshot in `catalog_dir`. Never raises for a source: what failed is in its `error`."""
-    taken_at = now or datetime.now(UTC)
+    taken_at = now or datetime.now(timezone.utc)
     as_of = taken_at.date()
     catalog = load_catalog(catalog_dir if catalog_dir.is_dir() else None)
     wanted = list(providers or REFRESHABLE)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,11 @@ def write_snapshot(catalog_dir: Path, source: str, provider: str, offers: Iterab
     """Save one source's offers for one provider as a new snapshot (CSV, and its details beside it as JSON), then
     drop all but the newest SNAPSHOTS_KEPT. Returns the CSV written."""
     directory = snapshot_dir(catalog_dir, source, provider)
-    stamp = taken_at.astimezone(UTC).strftime(STAMP)
+    stamp = taken_at.astimezone(timezone.utc).strftime(STAMP)
     path = directory / f"{stamp}.csv"
     write_text_atomic(path, write_rows(list(offers), OFFER_COLUMNS))
-    document = {"source": source, "provider": provider, "taken_at": taken_at.astimezone(UTC).isoformat(), **details}
+    document = {"source": source, "provider": provider,
+                "taken_at": taken_at.astimezone(timezone.utc).isoformat(), **details}
     write_text_atomic(path.with_suffix(".json"), json.dumps(document, indent=2) + "\n")
     for old in sorted(directory.glob("*.csv"))[:-SNAPSHOTS_KEPT]:
         old.unlink(missing_ok=True)
@@ -89,7 +90,7 @@ def latest_snapshots(catalog_dir: Path | None) -> list[Snapshot]:
             if not files:
                 continue
             newest = files[-1]
-            taken_at = datetime.strptime(newest.stem, STAMP).replace(tzinfo=UTC)
+            taken_at = datetime.strptime(newest.stem, STAMP).replace(tzinfo=timezone.utc)
             offers = parse_rows(newest.read_text(encoding="utf-8"), Offer, str(newest))
             details = newest.with_suffix(".json")
             gone = json.loads(details.read_text(encoding="utf-8")).get("gone", []) if details.is_file() else []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import zipfile
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from tunecast.catalog.store import load_catalog
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "prices"
 VERSIONS = {"20261204-1": "v1", "20261205-1": "v2"}
-NOW = datetime(2026, 12, 5, 9, 30, tzinfo=UTC)
+NOW = datetime(2026, 12, 5, 9, 30, tzinfo=timezone.utc)
 
 
 class Sources:
