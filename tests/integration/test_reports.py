@@ -3,6 +3,7 @@ from anywhere, logged no error, and reads as the plan and the run say; screensho
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -62,8 +63,9 @@ def test_the_plan_report_draws_every_chart_offline(plan_report: tuple[Path, dict
     assert hours and all(tick.endswith(" h") for tick in hours), hours  # "0.3 h", never a bare "3"
     assert costs and all(tick.startswith("$") for tick in costs), costs
     stale = [o for o in priced[:200] if o["price_stale"]]
-    assert stale, "the demo plan rests on prices older than 90 days (the bundled catalog's of 2026-06-21)"
-    assert f"{len(stale)} of these prices are older than 90 days" in text
+    assert stale, "the demo plan rests on list prices older than 30 days (the bundled catalog's of 2026-06-21)"
+    assert f"{len(stale)} of these prices are old (a marketplace's after 1 day, a list price's after 30 days" \
+        in html.unescape(text)
     for line in document["recommendations"]:
         assert line.replace("'", "&#x27;") in text or line in text
     assert rendered.screenshot.stat().st_size > 50_000

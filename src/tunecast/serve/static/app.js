@@ -523,8 +523,10 @@
     $("#stale-note").hidden = !stale.length;
     var oldest = stale.map(function (o) { return o.price_as_of; }).sort()[0];
     $("#stale-note").textContent = stale.length ? "* the price of " + stale.length + " of the " + all.length +
-      " options is older than " + page.plan.price_stale_after_days + " days (the oldest from " + oldest + "): it " +
-      "may have moved. `tunecast offers` lists every price's date and source." : "";
+      " options is old (a marketplace's after " + page.plan.price_stale_after_days.marketplace + " day, a list " +
+      "price's after " + page.plan.price_stale_after_days.list + " days; the oldest from " + oldest + "): it may " +
+      "have moved. `tunecast offers --refresh` fetches today's; `tunecast offers` lists every price's date and " +
+      "source." : "";
     $("#options-note").textContent = all.length > shown.length ? "The first " + shown.length + " of " + all.length + "." :
       all.length + " options.";
     $("#show-all").hidden = all.length <= TABLE_ROWS;
