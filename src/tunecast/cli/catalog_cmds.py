@@ -177,7 +177,7 @@ def refresh_offers(ctx: typer.Context, providers: list[str] | None, sources: lis
             err.print(f"{fetched.source} {fetched.provider}: {len(fetched.offers)} offer(s), {fetched.added} new, "
                       f"{fetched.updated} changed, {fetched.dropped} gone")
     for line in unreachable(results):  # said with --json too: on stderr, beside the document
-        err.print(f"[yellow]{escape(line)}[/]")
+        err.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)  # one line each, whatever the terminal's width
     return [fetched.as_dict() for fetched in results]
 
 
