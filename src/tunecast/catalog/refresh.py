@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import statistics
 import time
 import urllib.error
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.catalog.offers import Offer
-from tunecast.catalog.skypilot import BILLING, gpu_slug, parse_skypilot
+from tunecast.catalog.skypilot import BILLING, PCIE_VARIANTS, parse_skypilot
 from tunecast.catalog.snapshots import SOURCES, Snapshot, group_of, latest_snapshots, write_snapshot
 from tunecast.catalog.store import Catalog, load_catalog
 
@@ -90,21 +91,28 @@ def _billing(provider: str) -> tuple[int, int, str]:
     return BILLING.get(provider, (3600, 3600, "per-hour billing assumed (the source does not say)"))
 
 
-def _slug(name: str | None, memory_gb: float | None, instance: str, provider: str, catalog: Catalog) -> str | None:
-    """The catalog GPU an item names: by name with its memory first (`A100-80GB`), then by name; None where the
+def _slug(name: str | None, memory_gb: float | None, instance: str, catalog: Catalog) -> str | None:
+    """The catalog GPU a gpuhunt item names (gpuhunt's own names, the same for every provider): by name with its
+    memory first (`A100-80GB`), then by name, the PCIe card where the instance type says PCIe; None where the
     catalog has no such GPU or its memory disagrees with the item's."""
     if not name:
         return None
-    slug = None
-    if memory_gb:
-        slug = gpu_slug(f"{name}-{round(memory_gb)}GB", instance, provider, catalog)
-    slug = slug or gpu_slug(name, instance, provider, catalog)
-    gpu = catalog.gpus.find(slug) if slug else None
+    gpu = (catalog.gpus.find(f"{name}-{round(memory_gb)}GB") if memory_gb else None) or catalog.gpus.find(name)
     if gpu is None:
         return None
     if memory_gb and abs(gpu.memory_gib - memory_gb) > MEMORY_AGREES * gpu.memory_gib:
         return None
-    return gpu.slug
+    return PCIE_VARIANTS.get(gpu.slug, gpu.slug) if "pcie" in instance.lower() else gpu.slug
+
+
+def _instance(provider: str, item: Any) -> str:
+    """The instance type an item is offered as: RunPod's community and secure clouds apart (gpuhunt names both by the
+    GPU's id; a community offer's location is a country code, a secure one's a data centre such as US-TX-3), as the
+    bundled catalog has them, a community cloud's price judged as a marketplace's."""
+    if provider == "runpod":
+        cloud = "community" if re.fullmatch(r"[A-Z]{2}", item.location or "") else "secure"
+        return f"{item.instance_name} / {cloud} cloud"
+    return str(item.instance_name)
 
 
 def offers_from_items(items: Iterable[Any], catalog: Catalog, *, provider: str, live: bool, as_of: date,
@@ -123,11 +131,11 @@ def offers_from_items(items: Iterable[Any], catalog: Catalog, *, provider: str, 
         if not item.price or item.price <= 0:
             skipped["no price"] += 1
             continue
-        slug = _slug(item.gpu_name, item.gpu_memory, item.instance_name, provider, catalog)
+        slug = _slug(item.gpu_name, item.gpu_memory, item.instance_name, catalog)
         if slug is None:
             skipped[f"GPU not in the catalog: {item.gpu_name} {item.gpu_memory or ''}".strip()] += 1
             continue
-        groups.setdefault((slug, count, "" if live else item.instance_name), []).append(item)
+        groups.setdefault((slug, count, "" if live else _instance(provider, item)), []).append(item)
     increment, minimum, billing = _billing(provider)
     offers = []
     for (slug, count, instance), members in sorted(groups.items()):

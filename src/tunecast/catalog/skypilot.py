@@ -32,6 +32,9 @@ PROVIDER_NAMES: dict[str, dict[str, str]] = {
                "H100-SXM": "h100-sxm", "H200-SXM": "h200"},
 }
 
+# The PCIe card of an SXM one, where an instance type says PCIe of a GPU whose name does not.
+PCIE_VARIANTS = {"h100-sxm": "h100-pcie", "a100-80gb": "a100-80gb-pcie"}
+
 # GCP's host VM for N GPUs of an accelerator (cloud.google.com/compute/docs/gpus).
 GCP_HOSTS: dict[str, str] = {
     "A100": "a2-highgpu-{n}g", "A100-80GB": "a2-ultragpu-{n}g", "H100": "a3-highgpu-{n}g",
@@ -75,7 +78,7 @@ def _number(text: str | None) -> float | None:
     return value
 
 
-def gpu_slug(name: str, instance_type: str, provider: str, catalog: Catalog) -> str | None:
+def _gpu_slug(name: str, instance_type: str, provider: str, catalog: Catalog) -> str | None:
     """The catalog GPU a price source names for `provider`: its own names first (PROVIDER_NAMES), then the catalog's
     aliases, a PCIe instance type taking the PCIe card."""
     special = PROVIDER_NAMES.get(provider, {}).get(name)
@@ -84,9 +87,7 @@ def gpu_slug(name: str, instance_type: str, provider: str, catalog: Catalog) -> 
     gpu = catalog.gpus.find(name)
     if gpu is None:
         return None
-    if "pcie" in instance_type.lower() and gpu.slug in ("h100-sxm", "a100-80gb"):
-        return {"h100-sxm": "h100-pcie", "a100-80gb": "a100-80gb-pcie"}[gpu.slug]
-    return gpu.slug
+    return PCIE_VARIANTS.get(gpu.slug, gpu.slug) if "pcie" in instance_type.lower() else gpu.slug
 
 
 def parse_skypilot(text: str, catalog: Catalog, *, provider: str, as_of: date, source: str) -> ImportResult:
@@ -124,7 +125,7 @@ def parse_skypilot(text: str, catalog: Catalog, *, provider: str, as_of: date, s
             instance = host or ""
             price += vm[0]
             spot = spot + vm[1] if spot is not None and vm[1] is not None else None
-        slug = gpu_slug(name, instance, provider, catalog)
+        slug = _gpu_slug(name, instance, provider, catalog)
         if slug is None:
             result.skipped[f"GPU {name} is not in the GPU catalog"] += 1
             continue

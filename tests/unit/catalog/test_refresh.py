@@ -48,12 +48,12 @@ class Sources:
 
         monkeypatch.setattr(vastai.requests, "post", post)
 
-    def publish(self, version: str) -> None:
-        folder = self.bucket / "lambdalabs" / version
+    def publish(self, version: str, provider: str = "lambdalabs") -> None:
+        folder = self.bucket / provider / version
         folder.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(folder / "catalog.zip", "w") as archive:
-            archive.write(DATA / "gpuhunt" / VERSIONS[version] / "lambdalabs.csv", "lambdalabs.csv")
-        (self.bucket / "lambdalabs" / "version").write_text(version + "\n")
+            archive.write(DATA / "gpuhunt" / VERSIONS[version] / f"{provider}.csv", f"{provider}.csv")
+        (self.bucket / provider / "version").write_text(version + "\n")
 
 
 @pytest.fixture
@@ -109,6 +109,22 @@ def test_a_live_marketplace_is_one_offer_per_node_size_with_what_was_listed(sour
     assert one.spot_usd_per_hour == pytest.approx(0.20 + 0.1 / 720, abs=1e-4)
     assert one.available == 3 and one.price_kind == "marketplace" and "3 machine(s) listed" in one.notes
     assert offers[("rtx-4090", 2)].usd_per_hour == pytest.approx((0.62 + 0.1 / 720) / 2, abs=1e-4)
+
+
+def test_runpods_community_and_secure_clouds_are_offers_of_their_own(sources: Sources, tmp_path: Path) -> None:
+    """gpuhunt names RunPod's offers by the GPU's id in both clouds: a community offer's location is a country, a
+    secure one's a data centre. They stay apart, as the bundled catalog has them, and a community price is a
+    marketplace's; the PCIe and SXM A100s are told apart by the id."""
+    sources.publish("20261205-1", "runpod")
+    [fetched] = refresh(tmp_path / "catalog", ["runpod"], ["gpuhunt"], now=NOW)
+    offers = {o.instance_type: o for o in fetched.offers or []}
+    community = offers["NVIDIA GeForce RTX 4090 / community cloud"]
+    secure = offers["NVIDIA GeForce RTX 4090 / secure cloud"]
+    assert (community.usd_per_hour, community.region, community.price_kind) == (0.34, "US", "marketplace")
+    assert (secure.usd_per_hour, secure.price_kind) == (0.59, "list")
+    assert offers["NVIDIA A100 80GB PCIe / secure cloud"].gpu == "a100-80gb-pcie"
+    assert offers["NVIDIA A100-SXM4-80GB / secure cloud"].gpu == "a100-80gb"
+    assert community.billing_increment_s == 1  # RunPod bills per second (skypilot.py BILLING)
 
 
 def test_staleness_is_judged_by_the_kind_of_price(sources: Sources, tmp_path: Path) -> None:
