@@ -277,8 +277,12 @@ def refresh(catalog_dir: Path, providers: Sequence[str] | None = None, sources: 
         gone = _changes(fetched, before)
         details = {"url": fetched.url, "version": fetched.version, "read": fetched.read,
                    "skipped": dict(fetched.skipped), "gone": gone}
-        fetched.written_to = write_snapshot(catalog_dir, fetched.source, fetched.provider, fetched.offers, taken_at,
-                                            details)
+        try:
+            fetched.written_to = write_snapshot(catalog_dir, fetched.source, fetched.provider, fetched.offers,
+                                                taken_at, details)
+        except OSError as error:  # a catalog directory that cannot be written: said like a source that failed
+            fetched.error = f"could not save the snapshot in {catalog_dir}: {_one_line(error)}"
+            fetched.offers = None
     load_catalog.cache_clear()
     return results
 

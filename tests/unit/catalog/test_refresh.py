@@ -206,3 +206,12 @@ def test_a_plan_ranks_differently_after_a_refresh(sources: Sources, tmp_path: Pa
     assert after[0]["available"] == 3 and not after[0]["price_stale"]
     only = plan(available_only=True)
     assert only and {o["provider"] for o in only} == {"vast"}  # only offers a live snapshot listed
+
+
+def test_a_catalog_that_cannot_be_written_is_said_like_a_source_that_failed(sources: Sources, tmp_path: Path) -> None:
+    blocked = tmp_path / "catalog"
+    blocked.write_text("a file where the catalog directory would be")
+    [fetched] = refresh(blocked, ["vast"], ["gpuhunt"], now=NOW)
+    assert fetched.offers is None and fetched.error is not None
+    assert fetched.error.startswith(f"could not save the snapshot in {blocked}")
+    assert unreachable([fetched])[0].startswith("gpuhunt: could not refresh vast (could not save the snapshot")
