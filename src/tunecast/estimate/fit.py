@@ -98,27 +98,22 @@ def _largest_along(value: Callable[[int], float], capacity: float, low: int, hig
     """Largest n in [low, high] with value(n) <= capacity (low - 1 when none), for a value that never falls with n and
     is near linear (a step's memory in micro-batch or length): each guess where the line through the nearest
     measurements on either side reaches the capacity (ahead of the largest that fits while none fails), halved
-    where a guess left more than half the interval; exact as a search, in a few evaluations where bisection takes
-    twice as many."""
-    seen: dict[int, float] = {}
-
-    def at(n: int) -> float:
-        if n not in seen:
-            seen[n] = value(n)
-        return seen[n]
-
-    if at(low) > capacity:
+    after two guesses running that each left more than half the interval; exact as a search, in a few evaluations
+    where bisection takes twice as many."""
+    seen = {low: value(low)}  # every probe lies strictly between the bracket's ends: none is measured twice
+    if seen[low] > capacity:
         return low - 1
     fitting, failing = low, high + 1
     probe = min(high, max(low + 1, 2 * low))
+    stalled = False  # the last guess between two measurements left more than half the interval
     while failing - fitting > 1:
-        guess = probe
-        if at(guess) <= capacity:
-            fitting = guess
+        before = failing - fitting
+        seen[probe] = value(probe)
+        if seen[probe] <= capacity:
+            fitting = probe
         else:
-            failing = guess
-        width = failing - fitting
-        if width <= 1:
+            failing = probe
+        if failing - fitting <= 1:
             break
         below, above = seen[fitting], seen.get(failing)
         if above is None:  # none fails yet: along the line of the two largest that fit
@@ -127,10 +122,13 @@ def _largest_along(value: Callable[[int], float], capacity: float, low: int, hig
             ahead = fitting + int((capacity - below) / slope) if slope > 0 else 2 * fitting
             probe = min(max(ahead, fitting + 1), failing - 1)
             continue
-        line = fitting + int((capacity - below) * (failing - fitting) / (above - below)) if above > below else None
-        probe = min(max(line if line is not None else (fitting + failing) // 2, fitting + 1), failing - 1)
-        if probe == guess or (line is not None and failing - fitting > width // 2 and len(seen) % 3 == 0):
-            probe = (fitting + failing) // 2  # the lines stall: halve
+        halved = failing - fitting <= before // 2
+        if (stalled and not halved) or above <= below:
+            probe, stalled = (fitting + failing) // 2, False  # the lines stall twice running: halve
+            continue
+        stalled = not halved
+        line = fitting + int((capacity - below) * (failing - fitting) / (above - below))
+        probe = min(max(line, fitting + 1), failing - 1)
     return fitting
 
 
