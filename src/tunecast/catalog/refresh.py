@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecast.catalog.offers import Offer
-from tunecast.catalog.skypilot import BILLING, PCIE_VARIANTS, parse_skypilot
+from tunecast.catalog.skypilot import PCIE_VARIANTS, billing_of, parse_skypilot
 from tunecast.catalog.snapshots import SOURCES, Snapshot, group_of, latest_snapshots, write_snapshot
 from tunecast.catalog.store import Catalog, load_catalog
 
@@ -87,10 +87,6 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else 'no message'}"[:200]
 
 
-def _billing(provider: str) -> tuple[int, int, str]:
-    return BILLING.get(provider, (3600, 3600, "per-hour billing assumed (the source does not say)"))
-
-
 def _slug(name: str | None, memory_gb: float | None, instance: str, catalog: Catalog) -> str | None:
     """The catalog GPU a gpuhunt item names (gpuhunt's own names, the same for every provider): by name with its
     memory first (`A100-80GB`), then by name, the PCIe card where the instance type says PCIe; None where the
@@ -136,7 +132,7 @@ def offers_from_items(items: Iterable[Any], catalog: Catalog, *, provider: str, 
             skipped[f"GPU not in the catalog: {item.gpu_name} {item.gpu_memory or ''}".strip()] += 1
             continue
         groups.setdefault((slug, count, "" if live else _instance(provider, item)), []).append(item)
-    increment, minimum, billing = _billing(provider)
+    increment, minimum, billing = billing_of(provider)
     offers = []
     for (slug, count, instance), members in sorted(groups.items()):
         on_demand = [m for m in members if not m.spot]
@@ -244,7 +240,7 @@ def refresh(catalog_dir: Path, providers: Sequence[str] | None = None, sources: 
     save each answer as a snapshot in `catalog_dir`. Never raises for a source: what failed is in its `error`."""
     taken_at = now or datetime.now(timezone.utc)
     as_of = taken_at.date()
-    catalog = load_catalog(catalog_dir if catalog_dir.is_dir() else None)
+    catalog = load_catalog(catalog_dir)  # the bundled catalog alone where the directory does not exist yet
     wanted = list(providers or REFRESHABLE)
     before = {(s.source, s.provider): s for s in latest_snapshots(catalog_dir)}
     results: list[Fetched] = []

@@ -53,6 +53,11 @@ BILLING: dict[str, tuple[int, int, str]] = {
 }
 
 
+def billing_of(provider: str) -> tuple[int, int, str]:
+    """(billing increment s, minimum charge s, note) of `provider`'s GPU instances: BILLING's, else per hour."""
+    return BILLING.get(provider, (3600, 0, "billing granularity unknown: per hour assumed"))
+
+
 @dataclass
 class ImportResult:
     provider: str
@@ -140,8 +145,7 @@ def parse_skypilot(text: str, catalog: Catalog, *, provider: str, as_of: date, s
             entry["price"], entry["region"] = price, region
         if spot is not None and (entry["spot"] is None or spot < entry["spot"]):
             entry["spot"] = spot
-    increment, minimum, billing_note = BILLING.get(
-        provider, (3600, 0, "billing granularity unknown: per hour assumed"))
+    increment, minimum, billing_note = billing_of(provider)
     for (slug, count, instance), entry in sorted(best.items()):
         result.offers.append(Offer(
             provider=provider, gpu=slug, gpu_count=count, instance_type=instance, region=entry["region"],

@@ -406,12 +406,12 @@ def unquantized_experts_note(spec: RunSpec, config_data: dict[str, Any]) -> str 
     `unquantized_numel`; docs/memory.md). The trace counts them so already (it models NF4 on nn.Linear weights only,
     `quantizable_numel`): this says it, for the weights that make most of such a model."""
     from tunecast.estimate.moe import unquantized_numel
-    from tunecast.step.variants import runner_step
+    from tunecast.step.variants import experts_were_linear, runner_step
 
     kept = unquantized_numel(config_data) if spec.method == "qlora" else 0
     if not kept:
         return None
-    if model_sizes(config_data, spec).linear_experts:
+    if experts_were_linear(config_data, spec):
         return (f"transformers {spec.transformers_version} (transformers_version) built the experts and the router "
                 f"as nn.Linear modules, one MLP per expert, so QLoRA quantizes their {format_params(kept)} weights "
                 "like the other Linears (transformers 5 fuses them into 3-D parameters, which it leaves unquantized)")
