@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
@@ -80,15 +80,52 @@ def repeating_once() -> bool:
     return _ONCE.get()
 
 
+_NEAR: ContextVar[frozenset[tuple[int, int]] | None] = ContextVar("from_near_traces", default=None)
+
+
+class NoNearTraces(Exception):
+    """Within `from_near_traces`: the loss has not been traced at two of its shapes on a line with the asked one."""
+
+
+@contextlib.contextmanager
+def from_near_traces(shapes: Iterable[tuple[int, int]]) -> Iterator[None]:
+    """Within: the loss is not traced but interpolated, event by event, between two of its traces in this process at
+    `shapes` (micro-batch, length) along the same dimension (`_interpolated`), and NoNearTraces is raised where there
+    are none such. A guide for a limit's search (fit.py), which checks its answer on traces: exact where the loss's
+    sizes are linear along that dimension, within a chunk's rounding where they are not. Only the search's own
+    shapes are taken, so that its answer does not depend on what else the process traced."""
+    token = _NEAR.set(frozenset(shapes))
+    try:
+        yield
+    finally:
+        _NEAR.reset(token)
+
+
+def near_shapes() -> frozenset[tuple[int, int]] | None:
+    """The shapes a loss is interpolated between (`from_near_traces`); None where it is traced."""
+    return _NEAR.get()
+
+
 # What of a mark the loss's trace depends on (not the keys of the step's tensors, which differ with depth).
 _TRACED = ("inputs_dtype", "weight_dtype", "trains", "bias", "bias_trains", "autocast", "category")
+
+# The losses traced in this process, by what their trace depends on besides its size: (inputs' shape, targets' shape,
+# the events' structure, the trace). What `_interpolated` interpolates between.
+_TRACES: dict[tuple[Any, ...], list[tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...], SegmentTrace]]] = {}
+TRACES_KEPT = 64  # per loss
 
 
 def _segment(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...], hidden: int, vocab: int,
              forward: str, backward: str, softcap: float | None, compiled: bool) -> SegmentTrace:
     first, second = json.loads(forward), json.loads(backward)
-    return _traced(variant, inputs_shape, targets_shape, hidden, vocab, tuple(first[name] for name in _TRACED),
-                   second["category"], softcap, compiled, repeating_once())
+    traced = tuple(first[name] for name in _TRACED)
+    near = _NEAR.get()
+    if near is not None:
+        among = {_shapes(variant, batch, seq, hidden) for batch, seq in near}
+        return _interpolated((variant, hidden, vocab, traced, second["category"], softcap, compiled, repeating_once()),
+                             inputs_shape, targets_shape, among)
+    return _traced(variant, inputs_shape, targets_shape, hidden, vocab, traced, second["category"], softcap, compiled,
+                   repeating_once())
 
 
 @functools.lru_cache(maxsize=16)
@@ -98,11 +135,74 @@ def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[in
     from tunecast.estimate.tracer import trace_segment
 
     fields = dict(zip(_TRACED, traced, strict=True))
-    return trace_segment(variant, inputs_shape=inputs_shape, inputs_dtype=fields["inputs_dtype"],
-                         targets_shape=targets_shape, hidden=hidden, vocab=vocab, weight_dtype=fields["weight_dtype"],
-                         trains=fields["trains"], bias=fields["bias"], bias_trains=fields["bias_trains"],
-                         autocast=fields["autocast"], category=fields["category"],
-                         backward_category=backward_category, softcap=softcap, compiled=compiled, once=once)
+    segment = trace_segment(variant, inputs_shape=inputs_shape, inputs_dtype=fields["inputs_dtype"],
+                            targets_shape=targets_shape, hidden=hidden, vocab=vocab,
+                            weight_dtype=fields["weight_dtype"], trains=fields["trains"], bias=fields["bias"],
+                            bias_trains=fields["bias_trains"], autocast=fields["autocast"], category=fields["category"],
+                            backward_category=backward_category, softcap=softcap, compiled=compiled, once=once)
+    kept = _TRACES.setdefault((variant, hidden, vocab, traced, backward_category, softcap, compiled, once), [])
+    if len(kept) >= TRACES_KEPT:
+        del kept[0]
+    kept.append((inputs_shape, targets_shape, _structure(segment), segment))
+    return segment
+
+
+def _structure(segment: SegmentTrace) -> tuple[Any, ...]:
+    """A loss's trace without its sizes: two traces with the same structure differ only in how much each
+    allocation takes."""
+    def events(items: list[Event]) -> tuple[tuple[Any, ...], ...]:
+        return tuple((e.kind, e.key, e.category, e.phase, e.step) for e in items)
+
+    return (events(segment.forward), events(segment.deferred), events(segment.backward), segment.result,
+            segment.grads, tuple(sorted(segment.accumulated.items())), tuple(sorted(segment.views.items())),
+            tuple(sorted(segment.externals.items())), tuple(sorted(segment.sums)))
+
+
+def _axis(shape: tuple[int, ...], other: tuple[int, ...]) -> int | None:
+    """The one dimension in which two shapes of the same rank differ; None for none or several."""
+    if len(shape) != len(other):
+        return None
+    differ = [i for i, (a, b) in enumerate(zip(shape, other, strict=True)) if a != b]
+    return differ[0] if len(differ) == 1 else None
+
+
+def _shapes(variant: str, batch: int, seq: int, hidden: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The loss's inputs and targets at (batch, seq): the hidden states and labels, or the tokens that are scored."""
+    if STUB_INPUTS[STUBS[variant]] == "hidden":
+        return (batch, seq, hidden), (batch, seq)
+    return (batch * (seq - 1), hidden), (batch * (seq - 1),)
+
+
+def _interpolated(family: tuple[Any, ...], inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...],
+                  among: set[tuple[tuple[int, ...], tuple[int, ...]]]) -> SegmentTrace:
+    """The loss at `inputs_shape`, interpolated (or extrapolated) event by event between two of its traces at shapes
+    `among` (inputs, targets), with the same events, whose inputs differ from it in one dimension only: the two that
+    bracket it, else the two nearest."""
+    found = [entry for entry in _TRACES.get(family, []) if entry[:2] in among]
+    for shape, targets, _, segment in found:
+        if shape == inputs_shape and targets == targets_shape:
+            return segment
+    along = [(axis, shape[axis], structure, segment) for shape, targets, structure, segment in found
+             if (axis := _axis(shape, inputs_shape)) is not None and _axis(targets, targets_shape) in (axis, None)]
+    x = {axis: inputs_shape[axis] for axis, *_ in along}
+    pairs = [(*sorted((a[1:], b[1:]), key=lambda item: item[0]), x[a[0]]) for i, a in enumerate(along)
+             for b in along[i + 1:] if a[0] == b[0] and a[1] != b[1] and a[2] == b[2]]
+    if not pairs:
+        raise NoNearTraces("no two traces of this loss with the same events, along one dimension with the asked size")
+    # the pair that brackets the asked size most closely, else the nearest pair beside it
+    (x1, _, one), (x2, _, two), at = min(pairs, key=lambda pair: (not pair[0][0] <= pair[2] <= pair[1][0],
+                                                                  max(abs(pair[0][0] - pair[2]),
+                                                                      abs(pair[1][0] - pair[2]))))
+    share = (at - x1) / (x2 - x1)
+
+    def sized(a: list[Event], b: list[Event]) -> list[Event]:
+        return [e if e.nbytes == f.nbytes else replace(e, nbytes=max(0, round(e.nbytes + (f.nbytes - e.nbytes)
+                                                                                  * share)))
+                for e, f in zip(a, b, strict=True)]
+
+    return replace(one, forward=sized(one.forward, two.forward), deferred=sized(one.deferred, two.deferred),
+                   backward=sized(one.backward, two.backward),
+                   sums={name: value + (two.sums[name] - value) * share for name, value in one.sums.items()})
 
 
 def _marks(step: _Steps) -> dict[int, dict[str, str]]:
@@ -123,12 +223,7 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
     named = symbols.standard(config)  # GPT-2 names its hidden size n_embd
     hidden, vocab = int(named["hidden_size"]), int(named["vocab_size"])
     variant = segment_variant(settings)
-    stub = STUBS[variant]
-    if STUB_INPUTS[stub] == "hidden":
-        inputs_shape: tuple[int, ...] = (batch, seq, hidden)
-        targets_shape: tuple[int, ...] = (batch, seq)
-    else:
-        inputs_shape, targets_shape = (batch * (seq - 1), hidden), (batch * (seq - 1),)
+    inputs_shape, targets_shape = _shapes(variant, batch, seq, hidden)
     softcap = config.get("final_logit_softcapping") if variant in ("fused-chunks", "loss-chunks") else None
     terms = basis(batch, seq)
 

@@ -9,7 +9,7 @@ CPU), and is cached like any other estimate once traced.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,9 @@ SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
 # A limit of a composed step (`_solved`): rounds of solving the stand-in's polynomials plus the loss's measured memory,
 # before what is left open is closed with the composed step itself.
 SOLVE_ROUNDS = 2
+# ... and rounds of solving the composed step with its loss interpolated between the traces of the checks so far (the
+# loss's sizes are linear in n between changes of its number of chunks: exact there, no trace per evaluation).
+NEAR_ROUNDS = 2
 # ... and how close to the exact limit such a limit is taken: the largest value verified to fit, at most this share
 # below the first that does not (exact below 100: a micro-batch, a short length).
 SOLVE_TOLERANCE = 0.01
@@ -132,8 +135,13 @@ def _largest_along(value: Callable[[int], float], capacity: float, low: int, hig
     return fitting
 
 
+Near = Callable[[int, Iterable[int]], float | None]
+"""near(n, measured) → a composed step's memory at n with its loss interpolated between its traces at `measured`
+(compose.from_near_traces); None where two such with the same events are not among them."""
+
+
 def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known: tuple[int, float], capacity: float,
-            low: int, high: int) -> int:
+            low: int, high: int, near: Near | None = None) -> int:
     """Largest n in [low, high] with exact(n) <= capacity (low - 1 when none), where exact costs a trace of the loss at
     each n (a composed step) and proxy is the same step with the loss's stand-in (template polynomials: no trace); to
     within SOLVE_TOLERANCE of it: the n returned is verified to fit, and n + 1 + ⌊n × SOLVE_TOLERANCE⌋ not to.
@@ -141,7 +149,10 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     Solved, not searched: the gap exact − proxy (the loss's own memory) is measured where exact is known (`known`, the
     asked shape, first) and taken linear in n (`_gap_line`), and proxy plus that gap is solved over the polynomials;
     the solution is checked with the composed step on both sides (n fits, n + 1 does not), and a check that fails adds
-    its measurement for the next solve. After SOLVE_ROUNDS, what is left open (the allocator's rounding, or a peak that
+    its measurement for the next solve. Once two checks have traced the loss at sizes with the same events, `near`
+    (the composed step with the loss interpolated between its traces: compose.from_near_traces; None where there are
+    none such) is solved instead, for up to NEAR_ROUNDS: exact where the loss's sizes are linear in n. After
+    SOLVE_ROUNDS of the line, what is left open (the allocator's rounding, or a peak that
     moved to another phase, which the line misses) is closed on the composed step's own measurements
     (`_closing`), each guess checked on both sides; bisected where that did not halve the interval; while no
     measurement fails, upward where the line of the largest two that fit reaches the capacity (`_above_fitting`),
@@ -175,11 +186,18 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
 
     if low <= known[0] <= high:
         fits(*known)
-    for _ in range(SOLVE_ROUNDS):
-        if closed():
-            return fitting
-        checked(_largest_along(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n),  # type: ignore[misc]
-                               capacity, fitting + 1, failing - 1))
+    rounds = {"line": 0, "near": 0}
+    while not closed():
+        if near is not None and rounds["near"] < NEAR_ROUNDS and near(fitting + 1, set(values)) is not None:
+            rounds["near"] += 1
+            checked(_largest_along(lambda n, measured=set(values): value if (  # type: ignore[misc]
+                value := near(n, measured)) is not None else float("inf"), capacity, fitting + 1, failing - 1))
+        elif rounds["line"] < SOLVE_ROUNDS:
+            rounds["line"] += 1
+            checked(_largest_along(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n),  # type: ignore[misc]
+                                   capacity, fitting + 1, failing - 1))
+        else:
+            break
     step = 1 + margin(fitting)
     halved = True
     while not closed():
@@ -287,13 +305,25 @@ def fit_report(spec: RunSpec, estimate: MemoryEstimate, gpu: Gpu, total: Total, 
 
         known = estimate.device_total_gib
 
+        def near(axis: str) -> Near:
+            from tunecast.estimate.compose import NoNearTraces, from_near_traces
+
+            def value(n: int, measured: Iterable[int]) -> float | None:
+                shapes = [(m, spec.seq_len) if axis == "micro_batch" else (spec.micro_batch_size, m) for m in measured]
+                try:
+                    with from_near_traces(shapes):
+                        return total(spec, **{axis: n})
+                except NoNearTraces:
+                    return None
+            return value
+
         def batch_limit() -> int:
             return _solved(lambda b: total(spec, micro_batch=b), lambda b: total(spec, micro_batch=b, stand_in=True),
-                           (estimate.micro_batch, known), capacity, 1, MAX_MICRO_BATCH)
+                           (estimate.micro_batch, known), capacity, 1, MAX_MICRO_BATCH, near("micro_batch"))
 
         def seq_limit() -> int:
             return _solved(lambda s: total(spec, seq_len=s), lambda s: total(spec, seq_len=s, stand_in=True),
-                           (estimate.seq_len, known), capacity, 1, seq_cap)
+                           (estimate.seq_len, known), capacity, 1, seq_cap, near("seq_len"))
 
         with repeats_once():  # the checks read memory only
             max_batch, max_seq = both(batch_limit, seq_limit) if parallel else (batch_limit(), seq_limit())

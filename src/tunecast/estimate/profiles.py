@@ -276,21 +276,25 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
 
     if not compose.composable(settings):
         return pair
-    once = compose.repeating_once()
-    key = (id(pair), settings, batch, seq, once)
+    once, near = compose.repeating_once(), compose.near_shapes()
+    key = (id(pair), settings, batch, seq, once, near)
     if key not in _COMPOSED and not trace and not traced_before():
         raise NeedsTrace("the loss would be traced alone, the first trace of this process")
     if key not in _COMPOSED:
         if len(_COMPOSED) >= COMPOSED_KEPT:
             _COMPOSED.clear()
-        progress.progress(f"composing the loss (traced alone) at micro-batch {batch} × {seq} tokens")
+        if near is None:
+            progress.progress(f"composing the loss (traced alone) at micro-batch {batch} × {seq} tokens")
         try:
             profiles = [compose.compose(profile, settings, config_data, batch, seq)
                         for profile in (pair.shallow, pair.deeper)]
-        except compose.NotComposable:
+        except compose.NotComposable as reason:
+            if near is not None:  # a guide only: the step is not traced for it
+                raise compose.NoNearTraces(str(reason)) from reason
             _COMPOSED[key] = None
-        else:
-            origin = f"composed {batch}x{seq}{' once' if once else ''} {'-'.join(settings.runner_step)} {pair.origin}"
+        else:  # an interpolated loss's replays are not kept (no origin): they are a guide's, not an estimate's
+            origin = None if near is not None else \
+                f"composed {batch}x{seq}{' once' if once else ''} {'-'.join(settings.runner_step)} {pair.origin}"
             _COMPOSED[key] = ProfilePair(profiles[0], profiles[1], pair.layers, (batch, seq), single=pair.single,
                                          longest=pair.longest, shortest=pair.shortest, origin=origin, stand_in=pair)
     return _COMPOSED[key]

@@ -89,3 +89,28 @@ def test_a_loss_traced_with_its_repeated_chunks_once_holds_the_same_memory(runne
     with compose.repeats_once():
         once = memory()
     assert whole[2] and whole == once
+
+
+def _events(pair: profiles.ProfilePair | None) -> list[tuple[object, ...]]:
+    assert pair is not None
+    return [tuple(profile.columns()) for profile in (pair.shallow, pair.deeper)]
+
+
+def test_a_loss_interpolated_between_two_traces_along_the_micro_batch_equals_its_trace() -> None:
+    """A limit's search (fit.py) solves the composed step with its loss interpolated between the traces its checks
+    took (compose.from_near_traces): torchtune's 8 chunks of 40 × b tokens grow linearly in b, so the interpolated
+    step is the traced one, event by event; only the search's own shapes are taken, and fewer than two raise."""
+    settings = _settings("torchtune", "lora")
+    data = config("Qwen/Qwen2.5-0.5B", layers=4)
+    for batch in (1, 4):
+        assert profiles.templated_profiles(data, settings, batch, 41) is not None  # traces the loss at (b, 41)
+    with compose.from_near_traces([(1, 41), (4, 41)]):
+        between = profiles.templated_profiles(data, settings, 2, 41)
+        beyond = profiles.templated_profiles(data, settings, 6, 41)
+    assert between is not None and between.origin is None  # a guide's: its replays are not kept
+    assert _events(between) == _events(profiles.templated_profiles(data, settings, 2, 41))
+    assert _events(beyond) == _events(profiles.templated_profiles(data, settings, 6, 41))
+    with pytest.raises(compose.NoNearTraces), compose.from_near_traces([(1, 41), (3, 41)]):  # (3, 41) not traced
+        profiles.templated_profiles(data, settings, 5, 41)
+    with pytest.raises(compose.NoNearTraces), compose.from_near_traces([(1, 41), (2, 80)]):  # not on one line
+        profiles.templated_profiles(data, settings, 7, 41)

@@ -70,6 +70,35 @@ def test_a_limit_the_stand_in_misleads_about_is_closed_on_the_composed_step_s_ow
     assert len(traced) <= 8, f"{label}: {traced}"
 
 
+@pytest.mark.parametrize("asked", [8, 64])
+def test_a_limit_is_solved_on_the_loss_interpolated_between_the_checks_traces(asked: int) -> None:
+    """Once two checks have traced the loss (`near` answers from two measured points), the composed step with the
+    loss interpolated is solved instead of the stand-in plus a line: with the stand-in far off and a reserve of up to
+    4 GiB that no line follows (what a depth extrapolation makes of the copies' rounding), the limit holds its contract
+    in fewer traces than without."""
+    def proxy(n: int) -> float:
+        return 10 + 0.05 * n
+
+    def exact(n: int) -> float:
+        return 10.5 + 0.9 * n + 4.0 * (n * 2654435761 % 97) / 97
+
+    def solve(with_near: bool) -> tuple[int, list[int]]:
+        traced: list[int] = []
+
+        def measured(n: int) -> float:
+            traced.append(n)
+            return exact(n)
+
+        def near(n: int, points: Any) -> float | None:  # interpolation: exact between traces (a linear loss)
+            return exact(n) if len(set(points)) >= 2 else None
+
+        return _solved(measured, proxy, (asked, exact(asked)), 80.0, 1, 1 << 20, near if with_near else None), traced
+
+    found, traced = solve(True)
+    assert exact(found) <= 80.0 < exact(found + 1 + int(found * SOLVE_TOLERANCE))
+    assert len(traced) < len(solve(False)[1]) and len(traced) <= 4, traced
+
+
 def test_a_solved_limit_is_exact_below_a_hundred_and_zero_when_nothing_fits() -> None:
     def proxy(n: int) -> float:
         return 1.0 * n
