@@ -25,7 +25,7 @@ SMALL_MICRO_BATCH = 2  # at or below this, steps are slow and noisy: flag it
 # A limit of a composed step (`_solved`): rounds of solving the stand-in's polynomials plus the loss's measured memory,
 # before what is left open is closed with the composed step itself.
 SOLVE_ROUNDS = 2
-# ... and rounds of solving the composed step with its loss interpolated between the traces of the checks so far (the
+# ... then rounds of solving the composed step with its loss interpolated between the traces of the checks so far (the
 # loss's sizes are linear in n between changes of its number of chunks: exact there, no trace per evaluation).
 NEAR_ROUNDS = 2
 # ... and how close to the exact limit such a limit is taken: the largest value verified to fit, at most this share
@@ -149,14 +149,14 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
     Solved, not searched: the gap exact − proxy (the loss's own memory) is measured where exact is known (`known`, the
     asked shape, first) and taken linear in n (`_gap_line`), and proxy plus that gap is solved over the polynomials;
     the solution is checked with the composed step on both sides (n fits, n + 1 does not), and a check that fails adds
-    its measurement for the next solve. Once two checks have traced the loss at sizes with the same events, `near`
-    (the composed step with the loss interpolated between its traces: compose.from_near_traces; None where there are
-    none such) is solved instead, for up to NEAR_ROUNDS: exact where the loss's sizes are linear in n. After
-    SOLVE_ROUNDS of the line, what is left open (the allocator's rounding, or a peak that
-    moved to another phase, which the line misses) is closed on the composed step's own measurements
-    (`_closing`), each guess checked on both sides; bisected where that did not halve the interval; while no
-    measurement fails, upward where the line of the largest two that fit reaches the capacity (`_above_fitting`),
-    else in doubling steps."""
+    its measurement for the next solve. After SOLVE_ROUNDS, `near` (the composed step with the loss interpolated
+    between the checks' traces: compose.from_near_traces; None where no two of them have the same events) is solved
+    instead, for up to NEAR_ROUNDS: exact where the loss's sizes are linear in n, and each evaluation a composition
+    and a replay, not a trace (about half a check's cost, so only where the line has not closed). Then what is left
+    open (the allocator's rounding, or a peak that moved to another phase, which the line misses) is closed on the
+    composed step's own measurements (`_closing`), each guess checked on both sides; bisected where that did not
+    halve the interval; while no measurement fails, upward where the line of the largest two that fit reaches the
+    capacity (`_above_fitting`), else in doubling steps."""
     fitting, failing = low - 1, high + 1  # the largest n known to fit, the smallest known not to
     gaps: list[tuple[int, float]] = []
     values: dict[int, float] = {}
@@ -186,18 +186,16 @@ def _solved(exact: Callable[[int], float], proxy: Callable[[int], float], known:
 
     if low <= known[0] <= high:
         fits(*known)
-    rounds = {"line": 0, "near": 0}
-    while not closed():
-        if near is not None and rounds["near"] < NEAR_ROUNDS and near(fitting + 1, set(values)) is not None:
-            rounds["near"] += 1
-            checked(_largest_along(lambda n, measured=set(values): value if (  # type: ignore[misc]
-                value := near(n, measured)) is not None else float("inf"), capacity, fitting + 1, failing - 1))
-        elif rounds["line"] < SOLVE_ROUNDS:
-            rounds["line"] += 1
-            checked(_largest_along(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n),  # type: ignore[misc]
-                                   capacity, fitting + 1, failing - 1))
-        else:
+    for _ in range(SOLVE_ROUNDS):
+        if closed():
+            return fitting
+        checked(_largest_along(lambda n, gap=_gap_line(gaps): proxy(n) + gap(n),  # type: ignore[misc]
+                               capacity, fitting + 1, failing - 1))
+    for _ in range(NEAR_ROUNDS if near is not None else 0):
+        if closed() or near(fitting + 1, set(values)) is None:
             break
+        checked(_largest_along(lambda n, measured=set(values): value if (  # type: ignore[misc]
+            value := near(n, measured)) is not None else float("inf"), capacity, fitting + 1, failing - 1))
     step = 1 + margin(fitting)
     halved = True
     while not closed():

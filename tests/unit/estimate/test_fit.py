@@ -72,8 +72,8 @@ def test_a_limit_the_stand_in_misleads_about_is_closed_on_the_composed_step_s_ow
 
 @pytest.mark.parametrize("asked", [8, 64])
 def test_a_limit_is_solved_on_the_loss_interpolated_between_the_checks_traces(asked: int) -> None:
-    """Once two checks have traced the loss (`near` answers from two measured points), the composed step with the
-    loss interpolated is solved instead of the stand-in plus a line: with the stand-in far off and a reserve of up to
+    """Where the stand-in plus a line has not closed the limit in its rounds, the composed step with the loss
+    interpolated between the checks' traces (`near`, which answers from two measured points) is solved: with the stand-in far off and a reserve of up to
     4 GiB that no line follows (what a depth extrapolation makes of the copies' rounding), the limit holds its contract
     in fewer traces than without."""
     def proxy(n: int) -> float:
@@ -96,7 +96,7 @@ def test_a_limit_is_solved_on_the_loss_interpolated_between_the_checks_traces(as
 
     found, traced = solve(True)
     assert exact(found) <= 80.0 < exact(found + 1 + int(found * SOLVE_TOLERANCE))
-    assert len(traced) < len(solve(False)[1]) and len(traced) <= 4, traced
+    assert len(traced) < len(solve(False)[1]) and len(traced) <= 6, traced
 
 
 def test_a_solved_limit_is_exact_below_a_hundred_and_zero_when_nothing_fits() -> None:
