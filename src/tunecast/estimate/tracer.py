@@ -883,6 +883,25 @@ def _flop_counter(recorder: _Recorder) -> Any:
     return Counting(display=False)
 
 
+def optimizer_step(recorder: _Recorder, optimizer: Any, step: int) -> None:
+    """The optimizer's step after a traced step's backward pass (none where it steps in the backward pass): its
+    states are the optimizer's; the gradients are then dropped."""
+    import torch
+
+    recorder.counting = False
+    recorder.phase = "optimizer"
+    recorder.counting_optimizer = step == STEPS
+    if optimizer is not None:
+        optimizer.step()
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    recorder.reclassify(value, "optimizer")
+        optimizer.zero_grad(set_to_none=True)
+    recorder.counting_optimizer = False
+    recorder.phase = "setup"
+
+
 def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int,
                 count_flops: bool, reader: Callable[[int], Any] | None) -> Trace:
     import torch
@@ -955,18 +974,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
                     forward_backward(model, input_ids, labels, precision=settings.precision,
                                      chunked_loss=settings.loss == "chunked", on_backward=to_backward,
                                      backward=backward, runner_step=settings.runner_step)
-                    recorder.counting = False
-                    recorder.phase = "optimizer"
-                    recorder.counting_optimizer = step == STEPS
-                    if optimizer is not None:
-                        optimizer.step()
-                        for state in optimizer.state.values():
-                            for value in state.values():
-                                if isinstance(value, torch.Tensor):
-                                    recorder.reclassify(value, "optimizer")
-                        optimizer.zero_grad(set_to_none=True)
-                    recorder.counting_optimizer = False
-                    recorder.phase = "setup"
+                    optimizer_step(recorder, optimizer, step)
                 events = recorder.close()
             # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps tensors alive, which would
             # change what checkpointing frees in the traced steps.

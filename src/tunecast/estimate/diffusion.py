@@ -1,0 +1,195 @@
+"""Peak GPU memory of a diffusion fine-tuning step: the step of step/diffusion.py traced on fake tensors (the same
+recorder as a language model's step, estimate/tracer.py), replayed through the allocator model (profile.py), with the
+frozen parts that stay resident: the VAE, which encodes each batch of images unless the latents are cached (its
+encoding is traced within the step), and the text encoders unless their outputs are cached.
+
+Residency and dtypes follow diffusers' training examples (docs/research/diffusion/NOTES.md): the text encoders in
+the weight dtype; the VAE in fp32 for SDXL and SD3 ("to avoid NaN losses"), in the weight dtype otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.catalog.diffusion import Pipeline
+from tunecast.catalog.gpus import Gpu
+from tunecast.catalog.overheads import Overhead, overhead_bytes
+from tunecast.estimate.memory import MemoryEstimate
+from tunecast.step.diffusion import DiffusionSettings
+from tunecast.units import BYTES_PER_GIB
+
+# The VAE in fp32 whatever the weight dtype: diffusers' SDXL and SD3 examples (train_dreambooth_lora_sdxl.py L1181,
+# train_dreambooth_lora_sd3.py L1237).
+FP32_VAE_FAMILIES = ("sd3",)
+
+
+@dataclass(frozen=True)
+class DiffusionShape:
+    batch: int
+    height: int
+    width: int
+    frames: int = 1  # video models: frames per clip
+    cache_latents: bool = False  # the VAE's latents precomputed: the VAE is not resident and encodes nothing
+    cache_text: bool = False  # the text encoders' outputs precomputed: the encoders are not resident
+
+
+def _frozen_dtypes(pipeline: Pipeline, settings: DiffusionSettings) -> tuple[Any, Any]:
+    """(the text encoders' dtype, the VAE's)."""
+    import torch
+
+    weight = torch.bfloat16 if settings.precision in ("bf16-mixed", "bf16") else \
+        torch.float16 if settings.precision == "fp16-mixed" else torch.float32
+    sdxl = pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
+    vae = torch.float32 if pipeline.family in FP32_VAE_FAMILIES or sdxl else weight
+    return weight, vae
+
+
+def _text_encoder_bytes(pipeline: Pipeline, dtype: Any) -> int:
+    """The text encoders' weights in `dtype`, counted on the meta device."""
+    import torch
+    import transformers
+
+    total = 0
+    for name in pipeline.text_encoders:
+        config_data = dict(pipeline.configs[name])
+        model_type = config_data.pop("model_type", None)
+        config_class = transformers.AutoConfig.for_model(model_type) if model_type else None
+        if config_class is None:
+            continue
+        config = type(config_class).from_dict(config_data)
+        with torch.device("meta"):
+            model = getattr(transformers, pipeline.classes[name])(config)
+        total += sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+    return int(total)
+
+
+def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> Any:
+    """Two training steps on fake tensors (tracer.STEPS): the VAE's encoding of the batch (unless its latents are
+    cached), the denoiser's loss, its backward pass and the optimizer's step. A tracer.Trace."""
+    import warnings
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunecast.estimate import tracer
+    from tunecast.step.diffusion import build_denoiser, latent_shape, training_loss
+    from tunecast.step.setup import autocast_dtype, make_optimizer
+
+    weight_dtype, vae_dtype = _frozen_dtypes(pipeline, settings)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # diffusers' notice on casting with `to()`
+        model = build_denoiser(pipeline, settings)
+        vae = None
+        if not shape.cache_latents:
+            import diffusers
+
+            with torch.device("meta"):
+                vae = getattr(diffusers, pipeline.classes["vae"]).from_config(pipeline.configs["vae"]).to(vae_dtype)
+            vae.requires_grad_(False)
+    mode = FakeTensorMode()
+    tracer._fakeify(model, mode)
+    if vae is not None:
+        tracer._fakeify(vae, mode)
+    recorder = tracer._Recorder()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for parameter in model.parameters():
+        recorder.track(parameter, "trainable_weights" if parameter.requires_grad else "weights")
+    for buffer in model.buffers():
+        recorder.track(buffer, "weights")
+    if vae is not None:
+        for tensor in [*vae.parameters(), *vae.buffers()]:
+            recorder.track(tensor, "weights")
+
+    def mark_gradient(parameter: Any) -> None:
+        recorder.reclassify(parameter.grad, "gradients")
+
+    hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
+    optimizer = make_optimizer(settings.optimizer, params)
+    cast = autocast_dtype(settings.precision)
+    height, width = shape.height, shape.width
+    try:
+        with warnings.catch_warnings(), mode, tracer._no_gc(), tracer._dispatch_mode(recorder), \
+                tracer._active(recorder):
+            warnings.simplefilter("ignore")
+            for step in range(1, tracer.STEPS + 1):
+                recorder.step = step
+                recorder.phase, recorder.category = "forward", "activations"
+                recorder.counting = step == tracer.STEPS
+                if vae is None:
+                    latents = torch.empty(latent_shape(pipeline, shape.batch, height, width, shape.frames),
+                                          dtype=weight_dtype)
+                else:
+                    with torch.no_grad():
+                        recorder.category = "temporaries"
+                        pixels = torch.empty(shape.batch * (shape.frames if pipeline.video else 1), 3, height, width,
+                                             dtype=vae_dtype)
+                        encoded = vae.encode(pixels).latent_dist.sample()
+                        del pixels
+                        recorder.category = "activations"
+                        latents = encoded.to(weight_dtype)
+                        del encoded
+                        if pipeline.video:
+                            _, channels, side_h, side_w = latents.shape
+                            latents = latents.view(shape.batch, shape.frames, channels, side_h, side_w).permute(
+                                0, 2, 1, 3, 4)
+                with torch.autocast("cpu", dtype=cast, enabled=cast is not None):
+                    loss = training_loss(model, pipeline, latents, weight_dtype)
+                recorder.phase, recorder.category = "backward", "temporaries"
+                loss.backward()
+                del loss, latents
+                tracer.optimizer_step(recorder, optimizer, step)
+            events = recorder.close()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    trainable = sum(p.numel() for p in params)
+    element = 2 if weight_dtype != torch.float32 else 4
+    facts = tracer.ModelFacts(attention="sdpa", quantizable_numel=0, largest_quantizable_numel=0,
+                              trainable_numel=int(trainable), trainable_small_numel=0, trainable_tensors=len(params),
+                              layer_numel=0, layer_bytes=0, param_dtype_bytes=element)
+    sums = {name: float(getattr(recorder, name)) for name in tracer.SUMMED}
+    return tracer.Trace(events, facts, sums, {}, 0)
+
+
+def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
+                              device: str, gpu: Gpu | None, overheads: tuple[Overhead, ...]) -> MemoryEstimate:
+    """Per-GPU memory of a diffusion training step on `device` ("cuda" or "cpu"), as the language models' estimate
+    reports it (MemoryEstimate): `micro_batch` is the images (or clips) per step and `seq_len` the latent tokens of
+    one (latent pixels, times frames for video)."""
+    from tunecast.estimate.profile import profile_from_trace, replay
+
+    trace = trace_diffusion_step(pipeline, settings, shape)
+    cuda = device == "cuda"
+    architecture = gpu.architecture if gpu is not None else "hopper"
+    workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
+    result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda,
+                    fixed_blocks=(workspace,) if workspace else ())
+    weight_dtype, _ = _frozen_dtypes(pipeline, settings)
+    text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, weight_dtype)
+    phases = {name: peak.allocated + text for name, peak in result.phases.items()}
+    peak_phase = max(phases, key=lambda name: phases[name])
+    breakdown = {name: float(value) for name, value in result.phases[peak_phase].breakdown.items()}
+    breakdown["weights"] += text
+    breakdown["overhead"] = float(result.extra_allocated)
+    allocated = phases[peak_phase] + result.extra_allocated
+    reserved = max(allocated, result.peak_reserved + text) if cuda else allocated
+    context = overhead_bytes(overheads, "cuda_context", architecture) if cuda else \
+        overhead_bytes(overheads, "cpu_framework", "*")
+    least = min(reserved, allocated + result.peak_pinned + text) if result.peak_pinned else reserved
+    scale = pipeline.vae_scale
+    tokens = (shape.height // scale) * (shape.width // scale) * (shape.frames if pipeline.video else 1)
+    notes = [f"{pipeline.name}: the {pipeline.classes[pipeline.denoiser]} traced at {shape.batch} × "
+             f"{shape.width}×{shape.height} px" + (f" × {shape.frames} frames" if pipeline.video else ""),
+             "latents cached: the VAE is not loaded" if shape.cache_latents else
+             "the VAE resident, encoding each batch (traced)",
+             "text encoder outputs cached: the encoders are not loaded" if shape.cache_text else
+             f"text encoders resident ({', '.join(pipeline.text_encoders)}): {text / BYTES_PER_GIB:.2f} GiB"]
+    gib = BYTES_PER_GIB
+    return MemoryEstimate(
+        device=device, peak_allocated_gib=allocated / gib, peak_reserved_gib=reserved / gib,
+        device_total_gib=(reserved + context) / gib, least_reserved_gib=least / gib,
+        least_device_total_gib=(least + context) / gib, peak_phase=peak_phase, host_ram_gib=0.0, managed_gib=0.0,
+        breakdown_gib={name: value / gib for name, value in breakdown.items()},
+        phases_gib={name: (value + result.extra_allocated) / gib for name, value in phases.items()},
+        micro_batch=shape.batch, seq_len=tokens, notes=tuple(notes))

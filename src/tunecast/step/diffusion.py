@@ -1,0 +1,161 @@
+"""One training step of a diffusion model: the denoiser as it is trained (dtype, LoRA adapters, checkpointing) and
+its loss on a batch of latents, as diffusers' training examples run it. The tracer runs it on fake tensors
+(estimate/diffusion.py); torch and diffusers are imported lazily.
+
+What the examples do (docs/research/diffusion/NOTES.md, with files and lines):
+- LoRA: the frozen denoiser in the weight dtype (bf16 under bf16 mixed precision), the adapters upcast to fp32, the
+  forward pass under accelerate's autocast; targets `to_k, to_q, to_v, to_out.0` on UNets
+  (train_text_to_image_lora.py, train_dreambooth_lora_sdxl.py), and on SD3 and FLUX also the joint attention's
+  `add_*_proj` and `to_add_out` (and FLUX's feed-forward layers) (train_dreambooth_lora_sd3.py, _flux.py).
+- Full fine-tuning: the denoiser's weights in fp32 under autocast (train_text_to_image.py).
+- The objective: the noise (`epsilon`) or the velocity (`v_prediction`) for the UNet models, `noise - latents` for
+  the flow-matching SD3 and FLUX; the loss is the mean squared error in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunecast.catalog.diffusion import Pipeline
+
+LORA_TARGETS = {
+    "unet": ("to_k", "to_q", "to_v", "to_out.0"),
+    "unet3d": ("to_k", "to_q", "to_v", "to_out.0"),
+    "sd3": ("attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k", "attn.to_out.0",
+            "attn.to_q", "attn.to_v"),
+    "flux": ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+             "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
+             "ff_context.net.2"),
+}
+# FLUX.1 and SD3 encode with T5 at these lengths (diffusers' FluxPipeline and StableDiffusion3Pipeline defaults).
+T5_TOKENS = {"flux-dev": 512, "flux-schnell": 256, "sd3": 256}
+
+
+@dataclass(frozen=True)
+class DiffusionSettings:
+    """What decides a diffusion training step's memory, besides the batch's shape."""
+
+    method: str = "lora"  # lora | full
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    grad_checkpointing: bool = False
+    lora_rank: int = 4  # diffusers' examples' default (--rank 4)
+    lora_alpha: int = 4
+    lora_targets: tuple[str, ...] | None = None  # None: the examples' targets for the model (LORA_TARGETS)
+
+
+def quiet() -> None:
+    """diffusers' notices (a cast with `to()`) are for its maintainers, not our users."""
+    from diffusers.utils import logging
+
+    logging.set_verbosity_error()
+
+
+def denoiser_class(pipeline: Pipeline) -> Any:
+    import diffusers
+
+    return getattr(diffusers, pipeline.classes[pipeline.denoiser])
+
+
+def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
+    """The denoiser as it is trained, on the meta device."""
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+
+    from tunecast.step.setup import param_dtype
+
+    frozen = torch.bfloat16 if settings.precision in ("bf16-mixed", "bf16") else \
+        torch.float16 if settings.precision == "fp16-mixed" else param_dtype(settings.precision)
+    quiet()
+    with torch.device("meta"):
+        model = denoiser_class(pipeline).from_config(pipeline.configs[pipeline.denoiser])
+    if settings.method == "lora":
+        model.to(frozen)
+        model.requires_grad_(False)
+        targets = list(settings.lora_targets or LORA_TARGETS[pipeline.family])
+        model = inject_adapter_in_model(LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
+                                                   init_lora_weights="gaussian", target_modules=targets), model)
+        for name, parameter in model.named_parameters():
+            if "lora_" in name:  # the examples' cast_training_params: adapters in fp32
+                parameter.data = parameter.data.float()
+                parameter.requires_grad_(True)
+    else:
+        model.to(param_dtype(settings.precision))
+        model.requires_grad_(True)
+    model.train()
+    if settings.grad_checkpointing:
+        model.enable_gradient_checkpointing()
+    return model
+
+
+def text_length(pipeline: Pipeline) -> int:
+    """The tokens of the text the denoiser attends to: CLIP's 77; SD3's 77 + its T5's 256; FLUX's T5 tokens."""
+    if pipeline.family == "sd3":
+        return 77 + T5_TOKENS["sd3"]
+    if pipeline.family == "flux":
+        return T5_TOKENS["flux-dev" if pipeline.configs[pipeline.denoiser].get("guidance_embeds") else "flux-schnell"]
+    return 77
+
+
+def latent_shape(pipeline: Pipeline, batch: int, height: int, width: int, frames: int) -> tuple[int, ...]:
+    """The VAE latents of a batch of images (or clips) of that size in pixels."""
+    scale = pipeline.vae_scale
+    side = (height // scale, width // scale)
+    if pipeline.video:
+        return (batch, pipeline.latent_channels, frames, *side)
+    return (batch, pipeline.latent_channels, *side)
+
+
+def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any) -> Any:
+    """The step's loss on `latents` (clean VAE latents in `dtype`): noise, a timestep and the conditioning made as
+    the training examples make them, the denoiser's prediction against the objective's target, in fp32."""
+    import torch
+
+    batch = latents.shape[0]
+    config = pipeline.configs[pipeline.denoiser]
+    noise = torch.randn_like(latents)
+    text = text_length(pipeline)
+    if pipeline.family in ("sd3", "flux"):
+        sigmas = torch.rand(batch, device=latents.device).view(batch, 1, 1, 1)
+        noisy = (1.0 - sigmas) * latents + sigmas * noise
+        target = noise - latents
+        timesteps = sigmas.flatten() * 1000.0
+        states = torch.zeros(batch, text, int(config["joint_attention_dim"]), dtype=dtype, device=latents.device)
+        pooled = torch.zeros(batch, int(config["pooled_projection_dim"]), dtype=dtype, device=latents.device)
+        if pipeline.family == "sd3":
+            prediction = model(hidden_states=noisy, encoder_hidden_states=states, pooled_projections=pooled,
+                               timestep=timesteps, return_dict=False)[0]
+        else:
+            prediction = _flux_forward(model, config, noisy, states, pooled, timesteps)
+    else:
+        timesteps = torch.randint(0, 1000, (batch,), device=latents.device)
+        noisy = latents + noise  # the scheduler's add_noise: a scaled sum, the same tensors
+        target = noise  # epsilon; v_prediction's velocity is a tensor of the same shape
+        states = torch.zeros(batch, text, int(config["cross_attention_dim"]), dtype=dtype, device=latents.device)
+        extra: dict[str, Any] = {}
+        if config.get("addition_embed_type") == "text_time":  # SDXL: the pooled text and the size conditioning
+            time_ids = 6 * int(config["addition_time_embed_dim"])
+            pooled = int(config["projection_class_embeddings_input_dim"]) - time_ids
+            extra["added_cond_kwargs"] = {
+                "text_embeds": torch.zeros(batch, pooled, dtype=dtype, device=latents.device),
+                "time_ids": torch.zeros(batch, 6, dtype=dtype, device=latents.device)}
+        prediction = model(noisy, timesteps, states, return_dict=False, **extra)[0]
+    return torch.nn.functional.mse_loss(prediction.float(), target.float(), reduction="mean")
+
+
+def _flux_forward(model: Any, config: dict[str, Any], noisy: Any, states: Any, pooled: Any, timesteps: Any) -> Any:
+    """FLUX's transformer on latents packed into 2 × 2 patches, as FluxPipeline._pack_latents does."""
+    import torch
+
+    batch, channels, height, width = noisy.shape
+    packed = noisy.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(
+        batch, (height // 2) * (width // 2), channels * 4)
+    image_ids = torch.zeros((height // 2) * (width // 2), 3, dtype=noisy.dtype, device=noisy.device)
+    text_ids = torch.zeros(states.shape[1], 3, dtype=noisy.dtype, device=noisy.device)
+    guidance = torch.full((batch,), 1.0, device=noisy.device) if config.get("guidance_embeds") else None
+    prediction = model(hidden_states=packed, encoder_hidden_states=states, pooled_projections=pooled,
+                       timestep=timesteps / 1000.0, img_ids=image_ids, txt_ids=text_ids, guidance=guidance,
+                       return_dict=False)[0]
+    return prediction.reshape(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(
+        batch, channels, height, width)

@@ -1,0 +1,106 @@
+"""Diffusion pipelines (catalog/diffusion.py) and the traced memory of their training step (estimate/diffusion.py),
+on a tiny UNet pipeline written as diffusers saves one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunecast.catalog.diffusion import bundled_pipelines, is_pipeline, load_pipeline
+from tunecast.catalog.store import load_catalog
+from tunecast.errors import TunecastError
+from tunecast.estimate.diffusion import DiffusionShape, estimate_diffusion_memory
+from tunecast.step.diffusion import DiffusionSettings
+
+pytest.importorskip("diffusers")
+
+UNET = {"_class_name": "UNet2DConditionModel", "sample_size": 8, "in_channels": 4, "out_channels": 4,
+        "down_block_types": ["CrossAttnDownBlock2D", "DownBlock2D"], "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D"],
+        "block_out_channels": [32, 64], "layers_per_block": 1, "cross_attention_dim": 32, "attention_head_dim": 8,
+        "norm_num_groups": 8}
+VAE = {"_class_name": "AutoencoderKL", "in_channels": 3, "out_channels": 3, "latent_channels": 4,
+       "down_block_types": ["DownEncoderBlock2D"] * 4, "up_block_types": ["UpDecoderBlock2D"] * 4,
+       "block_out_channels": [8, 8, 16, 16], "layers_per_block": 1, "norm_num_groups": 8}
+CLIP = {"model_type": "clip_text_model", "architectures": ["CLIPTextModel"], "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000, "max_position_embeddings": 77,
+        "bos_token_id": 0, "eos_token_id": 2}
+
+
+def tiny_pipeline(folder: Path) -> Path:
+    index = {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+             "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "CLIPTextModel"],
+             "scheduler": ["diffusers", "DDPMScheduler"], "tokenizer": ["transformers", "CLIPTokenizer"]}
+    (folder / "model_index.json").write_text(json.dumps(index))
+    for name, config in (("unet", UNET), ("vae", VAE), ("text_encoder", CLIP)):
+        (folder / name).mkdir()
+        (folder / name / "config.json").write_text(json.dumps(config))
+    (folder / "scheduler").mkdir()
+    (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps({"prediction_type": "epsilon"}))
+    return folder
+
+
+def test_the_catalog_s_pipelines_load_with_their_denoiser_and_objective() -> None:
+    found = {name: load_pipeline(name) for name in bundled_pipelines()}
+    assert {p.family for p in found.values()} == {"unet", "unet3d", "sd3", "flux"}
+    assert found["runwayml/stable-diffusion-v1-5"].objective == "epsilon"
+    assert found["black-forest-labs/FLUX.1-dev"].objective == "flow"
+    assert found["black-forest-labs/FLUX.1-dev"].latent_channels == 16
+    assert found["stabilityai/stable-diffusion-xl-base-1.0"].text_encoders == ("text_encoder", "text_encoder_2")
+    assert found["damo-vilab/text-to-video-ms-1.7b"].video
+
+
+def test_a_folder_without_a_pipeline_is_refused_naming_the_model(tmp_path: Path) -> None:
+    assert not is_pipeline(str(tmp_path))
+    with pytest.raises(TunecastError) as error:
+        load_pipeline(str(tmp_path))
+    assert error.value.field == "model"
+
+
+def _estimate(folder: Path, method: str, **shape: bool) -> dict[str, float]:
+    overheads = load_catalog(None).overheads
+    found = estimate_diffusion_memory(load_pipeline(str(folder)), DiffusionSettings(method=method),
+                                      DiffusionShape(2, 64, 64, **shape), device="cpu", gpu=None, overheads=overheads)
+    return {**found.breakdown_gib, "allocated": found.peak_allocated_gib}
+
+
+def test_a_tiny_unet_s_step_holds_its_weights_adapters_and_adam_states_byte_for_byte(tmp_path: Path) -> None:
+    """What the trace holds at its peak, against what the parts are: the UNet, VAE and text encoder in bf16
+    (diffusers' examples: the VAE in the weight dtype for SD 1.5), LoRA's adapters in fp32 with AdamW's two fp32
+    moments each and its step count per tensor; full fine-tuning's fp32 UNet with its states; the VAE gone where the latents are cached."""
+    import diffusers
+    import torch
+    import transformers
+
+    from tunecast.step.diffusion import build_denoiser
+
+    folder = tiny_pipeline(tmp_path)
+    pipeline = load_pipeline(str(folder))
+    gib = 2 ** 30
+    with torch.device("meta"):
+        unet = diffusers.UNet2DConditionModel.from_config(UNET)
+        vae = diffusers.AutoencoderKL.from_config(VAE)
+        text = transformers.CLIPTextModel(transformers.CLIPTextConfig(**{k: v for k, v in CLIP.items()
+                                                                         if k not in ("model_type", "architectures")}))
+    unet_numel, vae_numel = sum(p.numel() for p in unet.parameters()), sum(p.numel() for p in vae.parameters())
+    text_numel = sum(p.numel() for p in text.parameters())
+    trained = [p for p in build_denoiser(pipeline, DiffusionSettings()).parameters() if p.requires_grad]
+    adapters = sum(p.numel() for p in trained)
+    assert adapters > 0
+
+    def adam(numel: int, tensors: int) -> int:  # two fp32 moments per element, and torch's fp32 step per tensor
+        return 2 * 4 * numel + 4 * tensors
+
+    lora = _estimate(folder, "lora")
+    assert lora["trainable_weights"] * gib == 4 * adapters
+    assert lora["optimizer"] * gib == adam(adapters, len(trained))
+    assert lora["weights"] * gib == 2 * (unet_numel + vae_numel + text_numel)
+
+    full = _estimate(folder, "full")
+    assert full["trainable_weights"] * gib == 4 * unet_numel
+    assert full["optimizer"] * gib == adam(unet_numel, len(list(unet.parameters())))
+
+    cached = _estimate(folder, "lora", cache_latents=True, cache_text=True)
+    assert cached["weights"] * gib == 2 * unet_numel
+    assert cached["allocated"] < lora["allocated"]
