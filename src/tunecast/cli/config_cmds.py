@@ -17,14 +17,24 @@ from tunecast.units import format_params
 
 if TYPE_CHECKING:
     from tunecast.catalog.hub import HubAccess
-    from tunecast.config.load import LoadedSpec
+    from tunecast.config.load import LoadedPipeline, LoadedSpec
     from tunecast.config.spec import RunSpec
 
 
 def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) -> LoadedSpec:
     """The RunSpec every spec command works on: file (or `--from` another tool's) + flags + --set, validated against
     the catalog."""
-    from tunecast.config.load import load_spec
+    from tunecast.config.load import LoadedSpec
+
+    loaded = load_run_from_cli(ctx, config, spec_args, pipelines=False)
+    assert isinstance(loaded, LoadedSpec)
+    return loaded
+
+
+def load_run_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, *,
+                      pipelines: bool = True) -> LoadedSpec | LoadedPipeline:
+    """`load_from_cli`, where the model may also be a diffusion pipeline (docs/diffusion.md)."""
+    from tunecast.config.load import load_run
 
     imported = None
     if spec_args.source is not None:
@@ -34,8 +44,8 @@ def load_from_cli(ctx: typer.Context, config: Path | None, spec_args: SpecArgs) 
             raise TunecastError(f"both a config file ({config}) and --from were given", field="--from",
                                 hint="give one: the tunecast config, or --from TOOL FILE")
         imported = read_config(*spec_args.source)
-    return load_spec(config, spec_args.overrides, state(ctx).catalog(), hub=hub_access(spec_args.offline),
-                     imported=imported)
+    return load_run(config, spec_args.overrides, state(ctx).catalog(), hub=hub_access(spec_args.offline),
+                    imported=imported, pipelines=pipelines)
 
 
 def hub_access(offline: bool) -> HubAccess:

@@ -11,15 +11,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_run_from_cli, print_imported
 from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import TunecastError
 from tunecast.units import format_params
 
 if TYPE_CHECKING:
-    from tunecast.config.load import LoadedSpec
+    from tunecast.config.load import LoadedPipeline, LoadedSpec
     from tunecast.estimate.answer import MemoryAnswer
+    from tunecast.estimate.memory import MemoryEstimate
 
 LABELS = {"weights": "frozen weights", "trainable_weights": "trainable weights", "gradients": "gradients",
           "optimizer": "optimizer states", "activations": "activations", "temporaries": "temporaries",
@@ -47,14 +48,17 @@ def memory_command(
 ) -> int:
     """Peak memory of one training step per GPU: allocated, reserved, what the device gives up, by category.
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
-    from tunecast.config.load import imported_part
+    from tunecast.config.load import LoadedPipeline, imported_part
     from tunecast.estimate.answer import answer_memory, start_prewarm
 
-    loaded = load_from_cli(ctx, config, spec_args)
-    if check and loaded.gpu is None:
+    found = load_run_from_cli(ctx, config, spec_args)
+    if check and found.gpu is None:
         raise TunecastError("--check needs a GPU to check the run against", field="--check",
                             hint="name it with --gpu (for example --gpu a100-80gb, or --gpu local), or gpus.gpu in the "
                                  "config")
+    if isinstance(found, LoadedPipeline):
+        return _diffusion_memory(ctx, found, device=device, json_output=json_output, check=check)
+    loaded = found
     warming = start_prewarm(loaded, state(ctx).catalog(), device=device)  # before the progress display's thread
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
         answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions,
@@ -77,6 +81,40 @@ def memory_command(
     return 0
 
 
+def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str, json_output: bool,
+                      check: bool) -> int:
+    """`tunecast memory` of a diffusion pipeline (docs/diffusion.md): its traced step, and on a GPU whether it fits."""
+    from tunecast.estimate.diffusion import answer_diffusion_memory
+
+    spec = loaded.spec
+    with working(f"Estimating the memory of {escape(loaded.pipeline.name)}…"):
+        answer = answer_diffusion_memory(spec, loaded.pipeline, loaded.gpu, state(ctx).catalog().overheads,
+                                         device=device)
+    estimate = answer.estimate
+    if json_output:
+        print_json(answer.as_dict(spec))
+    else:
+        method = spec.method if spec.method == "full" else f"{spec.method} r{spec.lora.rank}"
+        frames = f" × {answer.shape.frames} frames" if loaded.pipeline.video else ""
+        out.print(f"[bold]{escape(loaded.pipeline.name)}[/] ({loaded.pipeline.classes[loaded.pipeline.denoiser]}) · "
+                  f"{method} · {spec.precision} · {spec.optimizer} · {answer.shape.batch} × {answer.shape.width} px"
+                  f"{frames} · {'checkpointing' if spec.grad_checkpointing is True else 'no checkpointing'}")
+        _memory_table(estimate)
+        if answer.gpu is not None:
+            capacity = answer.gpu.usable_memory_gib
+            headroom = capacity - estimate.device_total_gib
+            verdict = (f"[green]fits[/] with {headroom:.1f} GiB to spare" if answer.fits
+                       else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least"
+                       if answer.at_edge else f"[red]does not fit[/]: {-headroom:.1f} GiB over")
+            out.print(f"\nOn [bold]{answer.gpu.slug}[/] ({capacity:.2f} GiB usable): {verdict}")
+        print_problems(list(loaded.warnings))
+    if check and answer.fits is False and not answer.at_edge:
+        slug = answer.gpu.slug if answer.gpu is not None else ""
+        err.print(f"does not fit: {estimate.device_total_gib:.2f} GiB per GPU on {slug}")
+        return DOES_NOT_FIT
+    return 0
+
+
 def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
     spec, estimate = loaded.spec, answer.estimate
     method = spec.method if spec.method == "full" else (
@@ -88,6 +126,14 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
     runner = "" if spec.runner == "tunecast" else f" · as {spec.runner} runs it"
     out.print(f"[bold]{escape(loaded.model.name)}[/]{params} · {method} · {spec.precision} · {spec.optimizer} · "
               f"micro-batch {estimate.micro_batch} × {estimate.seq_len} tokens · {checkpointing} · {gpus}{runner}")
+    _memory_table(estimate)
+    if answer.fit is None:
+        return
+    _render_fit(answer)
+
+
+def _memory_table(estimate: MemoryEstimate) -> None:
+    """The peak's figures by category, and the estimate's notes."""
     where = "per GPU" if estimate.device == "cuda" else "on the CPU"
     table = Table(box=box.SIMPLE_HEAD, title=f"Peak memory {where}", title_justify="left")
     table.add_column("")
@@ -114,8 +160,12 @@ def _render(loaded: LoadedSpec, answer: MemoryAnswer) -> None:
     out.print(table)
     for note in estimate.notes:
         out.print(f"[dim]· {escape(note)}[/]")
-    if answer.fit is None:
-        return
+
+
+def _render_fit(answer: MemoryAnswer) -> None:
+    """Whether the run fits the GPU, its limits, and what would make it fit."""
+    estimate = answer.estimate
+    assert answer.fit is not None
     fit = answer.fit
     verdict = (f"[green]fits[/] with {fit.headroom_gib:.1f} GiB to spare" if fit.fits
                else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least, "

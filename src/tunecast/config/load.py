@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from tunecast.catalog.diffusion import Pipeline, is_pipeline, load_pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.hub import HubAccess
 from tunecast.catalog.models import ModelConfig, bnb_bits
@@ -71,6 +72,17 @@ class LoadedSpec:
     imported: Imported | None = None  # the other tool's config it was read from (`--from`)
 
 
+@dataclass(frozen=True)
+class LoadedPipeline:
+    """A valid RunSpec whose model is a diffusion pipeline (docs/diffusion.md), with its GPU and warnings."""
+
+    spec: RunSpec
+    source: str
+    pipeline: Pipeline
+    gpu: Gpu | None
+    warnings: tuple[Problem, ...] = field(default=())
+
+
 def overrides_from(values: Mapping[str, Any]) -> list[Override]:
     """A request's overrides (`{"dotted.key": value}`, as the web planner sends them) as Overrides in their order,
     each reported as `overrides.KEY`: what `--set KEY=VALUE` is on the command line."""
@@ -90,8 +102,16 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
     Hub, and who hears it is (default: it may, unless HF_HUB_OFFLINE is set; nobody hears).
 
     Raises ConfigError listing every problem found, each naming the key as the user wrote it and
-    where the value came from (line number or flag).
+    where the value came from (line number or flag). A diffusion pipeline is one (`load_run` takes it).
     """
+    loaded = load_run(path, overrides, catalog, hub=hub, imported=imported, pipelines=False)
+    assert isinstance(loaded, LoadedSpec)
+    return loaded
+
+
+def load_run(path: Path | None, overrides: list[Override], catalog: Catalog, *, hub: HubAccess | None = None,
+             imported: Imported | None = None, pipelines: bool = True) -> LoadedSpec | LoadedPipeline:
+    """`load_spec`, where the model may also be a diffusion pipeline (with `pipelines`): a LoadedPipeline then."""
     source = str(path) if path is not None else "command line"
     raw: dict[str, Any] = {}
     lines: dict[str, int] = {}
@@ -104,7 +124,7 @@ def load_spec(path: Path | None, overrides: list[Override], catalog: Catalog, *,
         raw, lines = copy.deepcopy(imported.config), dict(imported.lines)
         base_dir = imported.source.parent.resolve()
     return _load(raw, lines, problems, overrides, catalog, source=source, base_dir=base_dir,
-                 hub=hub, imported=imported)
+                 hub=hub, imported=imported, pipelines=pipelines)
 
 
 def load_spec_text(yaml_text: str, overrides: list[Override], catalog: Catalog, *, source: str = "config",
@@ -113,8 +133,10 @@ def load_spec_text(yaml_text: str, overrides: list[Override], catalog: Catalog, 
     problem located by its line in the text or by its override. Empty text is no config, as a command line without
     a file; relative paths in it are relative to the current directory."""
     raw, lines, problems = _parse(yaml_text) if yaml_text.strip() else ({}, {}, [])
-    return _load(raw, lines, problems, overrides, catalog, source=source if yaml_text.strip() else "overrides",
-                 base_dir=None, hub=hub, imported=None)
+    loaded = _load(raw, lines, problems, overrides, catalog, source=source if yaml_text.strip() else "overrides",
+                   base_dir=None, hub=hub, imported=None, pipelines=False)
+    assert isinstance(loaded, LoadedSpec)
+    return loaded
 
 
 def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]:
@@ -131,7 +153,7 @@ def merged_document(yaml_text: str, overrides: list[Override]) -> dict[str, Any]
 
 def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], overrides: list[Override],
           catalog: Catalog, *, source: str, base_dir: Path | None, hub: HubAccess | None,
-          imported: Imported | None) -> LoadedSpec:
+          imported: Imported | None, pipelines: bool) -> LoadedSpec | LoadedPipeline:
     origins: dict[str, str] = {key: f"line {line}" for key, line in lines.items()}
     for override in overrides:
         _apply(raw, origins, override, problems)
@@ -149,12 +171,21 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
     if spec is not None and spec.runner != "tunecast":
         spec = apply_runner(spec)
     model: ModelConfig | None = None
+    pipeline: Pipeline | None = None
     gpu: Gpu | None = None
     if spec is not None:
         problems.extend(cross_field_problems(spec, locate))
         problems.extend(catalog_problems(spec, catalog, locate))
         spec = _resolve_paths(spec, origins, base_dir, problems, locate)
-        if spec.model != _MISSING_MODEL:
+        if spec.model != _MISSING_MODEL and is_pipeline(spec.model):
+            if pipelines:
+                pipeline = _pipeline(spec, problems, locate)
+            else:
+                problems.append(Problem("model", f"{spec.model} is a diffusion pipeline, which `tunecast memory` "
+                                        "estimates; this command does not take one yet (docs/diffusion.md)",
+                                        "run tunecast memory --model ... --resolution PIXELS",
+                                        location=locate("model")))
+        elif spec.model != _MISSING_MODEL:
             model_dir = base_dir if origins.get("model", "").startswith("line") else None
             try:
                 model = resolve_model(spec.model, catalog, base_dir=model_dir, hub=hub)
@@ -175,10 +206,46 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                 spec = spec.model_copy(update={"gpus": spec.gpus.model_copy(update={"gpu": gpu.slug})})
 
     errors = [p for p in problems if p.severity == "error"]
+    warnings = tuple(p for p in problems if p.severity == "warning")
+    if not errors and spec is not None and pipeline is not None:
+        return LoadedPipeline(spec=spec, source=source, pipeline=pipeline, gpu=gpu, warnings=warnings)
     if errors or spec is None or model is None:
         raise ConfigError(source, problems)
-    warnings = tuple(p for p in problems if p.severity == "warning")
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
+
+
+def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline | None:
+    """The diffusion pipeline `spec.model` names, and what of `spec` its estimate does not take, each a problem."""
+    try:
+        pipeline = load_pipeline(spec.model)
+    except TunecastError as error:
+        problems.append(Problem("model", error.message, error.hint, location=locate("model")))
+        return None
+    unsupported = [
+        ("method", spec.method == "qlora", "QLoRA of a diffusion model is not modelled yet",
+         "use method: lora or full"),
+        ("runner", spec.runner != "tunecast", "other tools' diffusion steps are not modelled yet",
+         "leave runner out (diffusers' training examples' step)"),
+        ("gpus.count", spec.gpus.count > 1, "a diffusion step is estimated on one GPU only for now",
+         "set gpus.count: 1"),
+        ("gpus.offload", spec.gpus.offload != "none", "offloading a diffusion model is not modelled yet",
+         "leave gpus.offload out"),
+    ]
+    for key, applies, message, hint in unsupported:
+        if applies:
+            problems.append(Problem(key, f"{message} ({spec.model} is a diffusion pipeline)", hint,
+                                    location=locate(key)))
+    step = pipeline.vae_scale * (2 if pipeline.family == "flux" else 1)  # FLUX packs latents in 2 × 2 patches
+    resolution = spec.diffusion.resolution
+    if resolution is not None and resolution % step:
+        problems.append(Problem("diffusion.resolution", f"{resolution} px is not a multiple of {step}, which "
+                                f"{spec.model}'s latents need", f"use {max(step, resolution // step * step)} or "
+                                f"{(resolution // step + 1) * step}", location=locate("diffusion.resolution")))
+    if spec.diffusion.frames is not None and not pipeline.video:
+        problems.append(Problem("diffusion.frames", f"{spec.model} makes images, not video: frames has no effect",
+                                "leave diffusion.frames out", severity="warning",
+                                location=locate("diffusion.frames")))
+    return pipeline
 
 
 def _on_bnb_weights(spec: RunSpec, model: ModelConfig, problems: list[Problem], locate: Any) -> RunSpec:

@@ -337,6 +337,28 @@ class PlanSpec(_Section):
         return _name_list(value, "a list of allowed changes (qlora, adamw-8bit, …)")
 
 
+class DiffusionSpec(_Section):
+    """The images (or clips) a diffusion model trains on, for a `model` that is a diffusers pipeline
+    (docs/diffusion.md). Language models ignore it."""
+
+    resolution: PositiveInt | None = Field(None, examples=[1024])
+    """Pixels per side of the largest training image (of the largest aspect bucket, which sets the peak). Default:
+    the pipeline's own size (its denoiser's `sample_size` in latent pixels, times the VAE's downsampling; 1024 where
+    the config does not say)."""
+
+    frames: PositiveInt | None = Field(None, examples=[16])
+    """Frames per clip, for a video model. Default 16."""
+
+    cache_latents: bool = False
+    """The VAE's latents computed once before training: the VAE is then not loaded while training. Default false,
+    as diffusers' examples."""
+
+    cache_text: bool | None = None
+    """The text encoders' outputs computed once before training: the encoders are then not loaded. Default: as
+    diffusers' example for the model does (FLUX and SD3 cache them and unload the encoders; SD 1.5 and SDXL keep
+    them)."""
+
+
 class RunSpec(_Section):
     """A fine-tuning run: model, method, batch shape, optimisation, data, hardware, output."""
 
@@ -480,6 +502,9 @@ class RunSpec(_Section):
 
     gpus: GpuSpec = Field(default_factory=GpuSpec)
     """GPU model, count, and multi-GPU strategy."""
+
+    diffusion: DiffusionSpec = Field(default_factory=DiffusionSpec)
+    """Image size and caching, for a diffusion pipeline."""
 
     output: str | None = Field(None, examples=["runs/llama-lora", "s3://bucket/runs/llama-lora"])
     """Where checkpoints, metrics and the final model go: a path or an fsspec URL. A relative path is

@@ -15,6 +15,7 @@ from typing import Any
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
+from tunecast.config.spec import RunSpec
 from tunecast.estimate.memory import MemoryEstimate
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
@@ -73,8 +74,8 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecast.estimate import tracer
-    from tunecast.step.diffusion import build_denoiser, latent_shape, training_loss
-    from tunecast.step.setup import autocast_dtype, make_optimizer
+    from tunecast.step.diffusion import autocast_dtype, build_denoiser, latent_shape, training_loss
+    from tunecast.step.setup import make_optimizer
 
     weight_dtype, vae_dtype = _frozen_dtypes(pipeline, settings)
     with warnings.catch_warnings():
@@ -106,7 +107,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
 
     hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
     optimizer = make_optimizer(settings.optimizer, params)
-    cast = autocast_dtype(settings.precision)
+    cast = autocast_dtype(settings)
     height, width = shape.height, shape.width
     try:
         with warnings.catch_warnings(), mode, tracer._no_gc(), tracer._dispatch_mode(recorder), \
@@ -193,3 +194,80 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
         breakdown_gib={name: value / gib for name, value in breakdown.items()},
         phases_gib={name: (value + result.extra_allocated) / gib for name, value in phases.items()},
         micro_batch=shape.batch, seq_len=tokens, notes=tuple(notes))
+
+
+# Frames per clip of a video model where the run does not say (the text-to-video examples' 16).
+DEFAULT_FRAMES = 16
+# Pixels per side where neither the run nor the denoiser's config (`sample_size`) says.
+DEFAULT_RESOLUTION = 1024
+
+
+def diffusion_settings(spec: RunSpec) -> DiffusionSettings:
+    """The step's settings from the run's: LoRA's rank, alpha and targets (`all-linear`: the examples' targets)."""
+    targets = None if isinstance(spec.lora.targets, str) else tuple(spec.lora.targets)
+    return DiffusionSettings(method=spec.method, precision=spec.precision, optimizer=spec.optimizer,
+                             grad_checkpointing=spec.grad_checkpointing is True, lora_rank=spec.lora.rank,
+                             lora_alpha=spec.lora.alpha, lora_targets=targets)
+
+
+def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
+    """The batch the step trains on: the run's micro-batch of images (or clips) at its resolution, the pipeline's own
+    where the run does not say; the text encoders' outputs cached where diffusers' example for the model caches
+    them (SD3 and FLUX), unless the run says."""
+    sample = pipeline.configs[pipeline.denoiser].get("sample_size")
+    native = int(sample) * pipeline.vae_scale if isinstance(sample, int) else DEFAULT_RESOLUTION
+    side = spec.diffusion.resolution or native
+    cache_text = spec.diffusion.cache_text if spec.diffusion.cache_text is not None else \
+        pipeline.family in ("sd3", "flux")
+    batch = spec.micro_batch if isinstance(spec.micro_batch, int) else 1
+    return DiffusionShape(batch, side, side, spec.diffusion.frames or DEFAULT_FRAMES,
+                          cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
+
+
+@dataclass(frozen=True)
+class DiffusionAnswer:
+    """A diffusion run's memory, and on a named GPU whether it fits."""
+
+    pipeline: Pipeline
+    shape: DiffusionShape
+    estimate: MemoryEstimate
+    gpu: Gpu | None
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.gpu is None else self.estimate.device_total_gib <= self.gpu.usable_memory_gib
+
+    @property
+    def at_edge(self) -> bool:
+        return self.gpu is not None and not self.fits and \
+            self.estimate.least_device_total_gib <= self.gpu.usable_memory_gib
+
+    def as_dict(self, spec: RunSpec) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "model": self.pipeline.name, "pipeline": self.pipeline.pipeline_class,
+            "denoiser": self.pipeline.classes[self.pipeline.denoiser], "objective": self.pipeline.objective,
+            "method": spec.method, "precision": spec.precision, "optimizer": spec.optimizer,
+            "grad_checkpointing": spec.grad_checkpointing is True, "resolution": self.shape.width,
+            "frames": self.shape.frames if self.pipeline.video else None, "cache_latents": self.shape.cache_latents,
+            "cache_text": self.shape.cache_text, **self.estimate.as_dict()}
+        if self.gpu is not None:
+            capacity = self.gpu.usable_memory_gib
+            reserved, device_total = self.estimate.on_device(capacity)
+            document.update({"gpu": self.gpu.slug, "capacity_gib": round(capacity, 3), "fits": self.fits,
+                             "fits_at_edge": self.at_edge, "reserved_on_gpu_gib": round(reserved, 3),
+                             "device_total_on_gpu_gib": round(device_total, 3),
+                             "headroom_gib": round(capacity - self.estimate.device_total_gib, 3)})
+        return document
+
+
+def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, overheads: tuple[Overhead, ...], *,
+                            device: str) -> DiffusionAnswer:
+    """The run's per-GPU memory (traced: announced first, with about how long it takes), and its fit on `gpu`."""
+    from tunecast.estimate import progress
+
+    shape = diffusion_shape(spec, pipeline)
+    progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width} px on fake "
+                      "tensors (no template yet): about 10-30 s on a laptop CPU")
+    estimate = estimate_diffusion_memory(pipeline, diffusion_settings(spec), shape, device=device,
+                                         gpu=gpu, overheads=overheads)
+    return DiffusionAnswer(pipeline, shape, estimate, gpu)

@@ -89,6 +89,14 @@ def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
     return model
 
 
+def autocast_dtype(settings: DiffusionSettings) -> Any:
+    """The forward pass's autocast dtype: accelerate's under `--mixed_precision bf16|fp16`, as every example runs,
+    with the frozen weights in that dtype too (`bf16` and `bf16-mixed` alike); None in fp32."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(settings.precision)
+
+
 def text_length(pipeline: Pipeline) -> int:
     """The tokens of the text the denoiser attends to: CLIP's 77; SD3's 77 + its T5's 256; FLUX's T5 tokens."""
     if pipeline.family == "sd3":

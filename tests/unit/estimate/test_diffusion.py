@@ -104,3 +104,22 @@ def test_a_tiny_unet_s_step_holds_its_weights_adapters_and_adam_states_byte_for_
     cached = _estimate(folder, "lora", cache_latents=True, cache_text=True)
     assert cached["weights"] * gib == 2 * unet_numel
     assert cached["allocated"] < lora["allocated"]
+
+
+def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_refuse_it(cli, tmp_path: Path) -> None:
+    """`tunecast memory --model FOLDER` of a diffusers pipeline: the traced step at the asked resolution, with its
+    fit on a GPU; settings its estimate does not take and the commands that do not take a pipeline yet are refused
+    in one line each, exit 2."""
+    folder = str(tiny_pipeline(tmp_path))
+    result = cli("memory", "--model", folder, "--resolution", "64", "--micro-batch", "2", "--gpu", "rtx-4090", "--json")
+    assert result.code == 0, result.stderr
+    document = result.json()
+    assert (document["denoiser"], document["objective"], document["resolution"], document["micro_batch"]) == \
+        ("UNet2DConditionModel", "epsilon", 64, 2)
+    assert document["fits"] is True and document["peak_allocated_gib"] > document["breakdown_gib"]["weights"] > 0
+    assert "tracing" in result.stderr  # announced before the trace
+    refused = cli("memory", "--model", folder, "--method", "qlora", "--resolution", "60")
+    assert refused.code == 2 and "method" in refused.stderr and "diffusion.resolution" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    planned = cli("plan", "--model", folder)
+    assert planned.code == 2 and "diffusion pipeline" in planned.stderr
