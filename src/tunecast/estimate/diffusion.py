@@ -20,10 +20,6 @@ from tunecast.estimate.memory import MemoryEstimate
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
 
-# The VAE in fp32 whatever the weight dtype: diffusers' SDXL and SD3 examples (train_dreambooth_lora_sdxl.py L1181,
-# train_dreambooth_lora_sd3.py L1237).
-FP32_VAE_FAMILIES = ("sd3",)
-
 
 @dataclass(frozen=True)
 class DiffusionShape:
@@ -35,34 +31,12 @@ class DiffusionShape:
     cache_text: bool = False  # the text encoders' outputs precomputed: the encoders are not resident
 
 
-def _frozen_dtypes(pipeline: Pipeline, settings: DiffusionSettings) -> tuple[Any, Any]:
-    """(the text encoders' dtype, the VAE's)."""
-    import torch
+def _text_encoder_bytes(pipeline: Pipeline, settings: DiffusionSettings) -> int:
+    """The resident text encoders' weights, counted on the meta device."""
+    from tunecast.step.diffusion import build_text_encoders
 
-    weight = torch.bfloat16 if settings.precision in ("bf16-mixed", "bf16") else \
-        torch.float16 if settings.precision == "fp16-mixed" else torch.float32
-    sdxl = pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
-    vae = torch.float32 if pipeline.family in FP32_VAE_FAMILIES or sdxl else weight
-    return weight, vae
-
-
-def _text_encoder_bytes(pipeline: Pipeline, dtype: Any) -> int:
-    """The text encoders' weights in `dtype`, counted on the meta device."""
-    import torch
-    import transformers
-
-    total = 0
-    for name in pipeline.text_encoders:
-        config_data = dict(pipeline.configs[name])
-        model_type = config_data.pop("model_type", None)
-        config_class = transformers.AutoConfig.for_model(model_type) if model_type else None
-        if config_class is None:
-            continue
-        config = type(config_class).from_dict(config_data)
-        with torch.device("meta"):
-            model = getattr(transformers, pipeline.classes[name])(config)
-        total += sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
-    return int(total)
+    return sum(p.numel() * p.element_size() for encoder in build_text_encoders(pipeline, settings)
+               for p in encoder.parameters())
 
 
 def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> Any:
@@ -74,20 +48,11 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecast.estimate import tracer
-    from tunecast.step.diffusion import autocast_dtype, build_denoiser, latent_shape, training_loss
+    from tunecast.step.diffusion import build_denoiser, build_vae, train_step, weight_dtype
     from tunecast.step.setup import make_optimizer
 
-    weight_dtype, vae_dtype = _frozen_dtypes(pipeline, settings)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # diffusers' notice on casting with `to()`
-        model = build_denoiser(pipeline, settings)
-        vae = None
-        if not shape.cache_latents:
-            import diffusers
-
-            with torch.device("meta"):
-                vae = getattr(diffusers, pipeline.classes["vae"]).from_config(pipeline.configs["vae"]).to(vae_dtype)
-            vae.requires_grad_(False)
+    model = build_denoiser(pipeline, settings)
+    vae = None if shape.cache_latents else build_vae(pipeline, settings)
     mode = FakeTensorMode()
     tracer._fakeify(model, mode)
     if vae is not None:
@@ -105,10 +70,14 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
     def mark_gradient(parameter: Any) -> None:
         recorder.reclassify(parameter.grad, "gradients")
 
+    def on(part: str) -> None:  # the VAE's encoding holds temporaries; the latents it makes are the step's
+        if part == "backward":
+            recorder.phase, recorder.category = "backward", "temporaries"
+        else:
+            recorder.category = "temporaries" if part == "encoding" else "activations"
+
     hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
     optimizer = make_optimizer(settings.optimizer, params)
-    cast = autocast_dtype(settings)
-    height, width = shape.height, shape.width
     try:
         with warnings.catch_warnings(), mode, tracer._no_gc(), tracer._dispatch_mode(recorder), \
                 tracer._active(recorder):
@@ -117,35 +86,14 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
                 recorder.step = step
                 recorder.phase, recorder.category = "forward", "activations"
                 recorder.counting = step == tracer.STEPS
-                if vae is None:
-                    latents = torch.empty(latent_shape(pipeline, shape.batch, height, width, shape.frames),
-                                          dtype=weight_dtype)
-                else:
-                    with torch.no_grad():
-                        recorder.category = "temporaries"
-                        pixels = torch.empty(shape.batch * (shape.frames if pipeline.video else 1), 3, height, width,
-                                             dtype=vae_dtype)
-                        encoded = vae.encode(pixels).latent_dist.sample()
-                        del pixels
-                        recorder.category = "activations"
-                        latents = encoded.to(weight_dtype)
-                        del encoded
-                        if pipeline.video:
-                            _, channels, side_h, side_w = latents.shape
-                            latents = latents.view(shape.batch, shape.frames, channels, side_h, side_w).permute(
-                                0, 2, 1, 3, 4)
-                with torch.autocast("cpu", dtype=cast, enabled=cast is not None):
-                    loss = training_loss(model, pipeline, latents, weight_dtype)
-                recorder.phase, recorder.category = "backward", "temporaries"
-                loss.backward()
-                del loss, latents
-                tracer.optimizer_step(recorder, optimizer, step)
+                train_step(model, vae, lambda step=step: tracer.optimizer_step(recorder, optimizer, step),
+                           pipeline, settings, shape.batch, shape.height, shape.width, shape.frames, on=on)
             events = recorder.close()
     finally:
         for hook in hooks:
             hook.remove()
     trainable = sum(p.numel() for p in params)
-    element = 2 if weight_dtype != torch.float32 else 4
+    element = torch.empty((), dtype=weight_dtype(settings)).element_size()
     facts = tracer.ModelFacts(attention="sdpa", quantizable_numel=0, largest_quantizable_numel=0,
                               trainable_numel=int(trainable), trainable_small_numel=0, trainable_tensors=len(params),
                               layer_numel=0, layer_bytes=0, param_dtype_bytes=element)
@@ -166,8 +114,7 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
     result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda,
                     fixed_blocks=(workspace,) if workspace else ())
-    weight_dtype, _ = _frozen_dtypes(pipeline, settings)
-    text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, weight_dtype)
+    text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, settings)
     phases = {name: peak.allocated + text for name, peak in result.phases.items()}
     peak_phase = max(phases, key=lambda name: phases[name])
     breakdown = {name: float(value) for name, value in result.phases[peak_phase].breakdown.items()}

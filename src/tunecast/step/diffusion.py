@@ -14,6 +14,8 @@ What the examples do (docs/research/diffusion/NOTES.md, with files and lines):
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,20 @@ class DiffusionSettings:
     lora_targets: tuple[str, ...] | None = None  # None: the examples' targets for the model (LORA_TARGETS)
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: Any) -> Iterator[None]:
+    """Within: new floating-point tensors in `dtype`, so that weights built on a real device are made in their
+    training dtype (no fp32 copy first, which would be the process's peak)."""
+    import torch
+
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 def quiet() -> None:
     """diffusers' notices (a cast with `to()`) are for its maintainers, not our users."""
     from diffusers.utils import logging
@@ -58,17 +74,33 @@ def denoiser_class(pipeline: Pipeline) -> Any:
     return getattr(diffusers, pipeline.classes[pipeline.denoiser])
 
 
-def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
-    """The denoiser as it is trained, on the meta device."""
+def weight_dtype(settings: DiffusionSettings) -> Any:
+    """The dtype of the frozen weights (the examples' `weight_dtype`): the mixed precision's, else fp32."""
+    import torch
+
+    return autocast_dtype(settings) or torch.float32
+
+
+def vae_dtype(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
+    """The VAE's dtype: fp32 for SDXL and SD3 whatever the weight dtype, "to avoid NaN losses" (diffusers'
+    train_dreambooth_lora_sdxl.py L1181, train_dreambooth_lora_sd3.py L1237); the weight dtype otherwise."""
+    import torch
+
+    sdxl = pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
+    return torch.float32 if sdxl or pipeline.family == "sd3" else weight_dtype(settings)
+
+
+def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> Any:
+    """The denoiser as it is trained, on `device` (meta for a trace; a real device: random weights)."""
     import torch
     from peft import LoraConfig, inject_adapter_in_model
 
     from tunecast.step.setup import param_dtype
 
-    frozen = torch.bfloat16 if settings.precision in ("bf16-mixed", "bf16") else \
-        torch.float16 if settings.precision == "fp16-mixed" else param_dtype(settings.precision)
+    frozen = weight_dtype(settings)
+    trained = param_dtype(settings.precision)
     quiet()
-    with torch.device("meta"):
+    with torch.device(device), _default_dtype(frozen if settings.method == "lora" else trained):
         model = denoiser_class(pipeline).from_config(pipeline.configs[pipeline.denoiser])
     if settings.method == "lora":
         model.to(frozen)
@@ -81,7 +113,7 @@ def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
                 parameter.data = parameter.data.float()
                 parameter.requires_grad_(True)
     else:
-        model.to(param_dtype(settings.precision))
+        model.to(trained)
         model.requires_grad_(True)
     model.train()
     if settings.grad_checkpointing:
@@ -95,6 +127,70 @@ def autocast_dtype(settings: DiffusionSettings) -> Any:
     import torch
 
     return {"bf16": torch.bfloat16, "bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(settings.precision)
+
+
+def build_vae(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> Any:
+    """The frozen VAE in its dtype (`vae_dtype`), on `device`."""
+    import diffusers
+    import torch
+
+    quiet()
+    dtype = vae_dtype(pipeline, settings)
+    with torch.device(device), _default_dtype(dtype):
+        vae = getattr(diffusers, pipeline.classes["vae"]).from_config(pipeline.configs["vae"])
+    vae.to(dtype)
+    vae.requires_grad_(False)
+    return vae
+
+
+def build_text_encoders(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> list[Any]:
+    """The frozen text encoders in the weight dtype, on `device`, each built from its config by its class."""
+    import torch
+    import transformers
+
+    encoders = []
+    for name in pipeline.text_encoders:
+        data = dict(pipeline.configs[name])
+        config = transformers.AutoConfig.for_model(data.pop("model_type"), **{
+            key: value for key, value in data.items() if not key.startswith("_")})
+        with torch.device(device), _default_dtype(weight_dtype(settings)):
+            encoder = getattr(transformers, pipeline.classes[name])(config)
+        encoder.to(weight_dtype(settings))
+        encoder.requires_grad_(False)
+        encoders.append(encoder)
+    return encoders
+
+
+def train_step(model: Any, vae: Any | None, optimizer_step: Callable[[], None], pipeline: Pipeline,
+               settings: DiffusionSettings, batch: int, height: int, width: int, frames: int, *,
+               on: Callable[[str], None] = lambda part: None) -> None:
+    """One training step: the batch's images encoded by the VAE without gradients (random pixels; none where the
+    latents are cached, `vae` None), the loss under autocast, its backward pass, the optimizer's step. `on` hears
+    "encoding", "encoded" and "backward" as each part starts (the tracer's categories and phases)."""
+    import torch
+
+    dtype = weight_dtype(settings)
+    if vae is None:
+        latents = torch.randn(latent_shape(pipeline, batch, height, width, frames), dtype=dtype)
+    else:
+        on("encoding")
+        with torch.no_grad():
+            pixels = torch.randn(batch * (frames if pipeline.video else 1), 3, height, width, dtype=vae.dtype)
+            encoded = vae.encode(pixels).latent_dist.sample()
+            del pixels
+            on("encoded")
+            latents = encoded.to(dtype)
+            del encoded
+            if pipeline.video:  # frames encoded as images, then (b, c, f, h, w)
+                _, channels, side_h, side_w = latents.shape
+                latents = latents.view(batch, frames, channels, side_h, side_w).permute(0, 2, 1, 3, 4)
+    cast = autocast_dtype(settings)
+    with torch.autocast(latents.device.type, dtype=cast, enabled=cast is not None):
+        loss = training_loss(model, pipeline, latents, dtype)
+    on("backward")
+    loss.backward()
+    del loss, latents
+    optimizer_step()
 
 
 def text_length(pipeline: Pipeline) -> int:
