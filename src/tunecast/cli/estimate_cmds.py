@@ -95,9 +95,10 @@ def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str
         print_json(answer.as_dict(spec))
     else:
         method = spec.method if spec.method == "full" else f"{spec.method} r{spec.lora.rank}"
-        frames = f" × {answer.shape.frames} frames" if loaded.pipeline.video else ""
+        shape = answer.shape
+        frames = f" × {shape.frames} frames" if loaded.pipeline.video else ""
         out.print(f"[bold]{escape(loaded.pipeline.name)}[/] ({loaded.pipeline.classes[loaded.pipeline.denoiser]}) · "
-                  f"{method} · {spec.precision} · {spec.optimizer} · {answer.shape.batch} × {answer.shape.width} px"
+                  f"{method} · {spec.precision} · {spec.optimizer} · {shape.batch} × {shape.width}×{shape.height} px"
                   f"{frames} · {'checkpointing' if spec.grad_checkpointing is True else 'no checkpointing'}")
         _memory_table(estimate)
         if answer.gpu is not None:

@@ -51,7 +51,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("grad_accum", "grad_accum", ("--grad-accum",), int),
     Flag("global_batch", "global_batch", ("--global-batch",), int),
     Flag("seq_len", "seq_len", ("--seq-len",), int),
-    Flag("resolution", "diffusion.resolution", ("--resolution",), int),
+    Flag("resolution", "diffusion.resolution", ("--resolution",), str),
     Flag("frames", "diffusion.frames", ("--frames",), int),
     Flag("grad_checkpointing", "grad_checkpointing", ("--grad-checkpointing/--no-grad-checkpointing",), bool),
     Flag("attention", "attention", ("--attention",), str),

@@ -236,11 +236,11 @@ def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline |
             problems.append(Problem(key, f"{message} ({spec.model} is a diffusion pipeline)", hint,
                                     location=locate(key)))
     step = pipeline.vae_scale * (2 if pipeline.family == "flux" else 1)  # FLUX packs latents in 2 × 2 patches
-    resolution = spec.diffusion.resolution
-    if resolution is not None and resolution % step:
-        problems.append(Problem("diffusion.resolution", f"{resolution} px is not a multiple of {step}, which "
-                                f"{spec.model}'s latents need", f"use {max(step, resolution // step * step)} or "
-                                f"{(resolution // step + 1) * step}", location=locate("diffusion.resolution")))
+    for side in sorted(set(spec.diffusion.sides or ())):
+        if side % step:
+            problems.append(Problem("diffusion.resolution", f"{side} px is not a multiple of {step}, which "
+                                    f"{spec.model}'s latents need", f"use {max(step, side // step * step)} or "
+                                    f"{(side // step + 1) * step}", location=locate("diffusion.resolution")))
     if spec.diffusion.frames is not None and not pipeline.video:
         problems.append(Problem("diffusion.frames", f"{spec.model} makes images, not video: frames has no effect",
                                 "leave diffusion.frames out", severity="warning",

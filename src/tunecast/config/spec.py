@@ -341,10 +341,34 @@ class DiffusionSpec(_Section):
     """The images (or clips) a diffusion model trains on, for a `model` that is a diffusers pipeline
     (docs/diffusion.md). Language models ignore it."""
 
-    resolution: PositiveInt | None = Field(None, examples=[1024])
-    """Pixels per side of the largest training image (of the largest aspect bucket, which sets the peak). Default:
-    the pipeline's own size (its denoiser's `sample_size` in latent pixels, times the VAE's downsampling; 1024 where
-    the config does not say)."""
+    resolution: PositiveInt | str | None = Field(None, examples=[1024, "768x512"])
+    """The largest training image, which sets the peak (the largest aspect bucket): pixels per side (`1024`), or
+    width × height (`768x512`). Default: the pipeline's own size (its denoiser's `sample_size` in latent pixels,
+    times the VAE's downsampling; 1024 where the config does not say)."""
+
+    @field_validator("resolution", mode="before")
+    @classmethod
+    def _resolution(cls, value: object) -> object:
+        """A side in pixels, or `WIDTHxHEIGHT`; a flag gives text ('1024' is 1024)."""
+        if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        text = str(value).strip().lower().replace("×", "x") if isinstance(value, str) else ""
+        if text.isdigit() and int(text) >= 1:
+            return int(text)
+        width, _, height = text.partition("x")
+        if width.strip().isdigit() and height.strip().isdigit() and int(width) >= 1 and int(height) >= 1:
+            return f"{int(width)}x{int(height)}"
+        raise ValueError("must be pixels per side (1024) or width x height (768x512)")
+
+    @property
+    def sides(self) -> tuple[int, int] | None:
+        """(width, height) in pixels; None for the pipeline's own size."""
+        if self.resolution is None:
+            return None
+        if isinstance(self.resolution, int):
+            return self.resolution, self.resolution
+        width, height = self.resolution.split("x")
+        return int(width), int(height)
 
     frames: PositiveInt | None = Field(None, examples=[16])
     """Frames per clip, for a video model. Default 16."""

@@ -16,7 +16,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.memory import MemoryEstimate
+from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
 
@@ -49,6 +49,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
 
     from tunecast.estimate import tracer
     from tunecast.step.diffusion import build_denoiser, build_vae, train_step, weight_dtype
+    from tunecast.step.settings import TRACED_OPTIMIZERS
     from tunecast.step.setup import make_optimizer
 
     model = build_denoiser(pipeline, settings)
@@ -77,7 +78,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
             recorder.category = "temporaries" if part == "encoding" else "activations"
 
     hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
-    optimizer = make_optimizer(settings.optimizer, params)
+    optimizer = make_optimizer(settings.optimizer if settings.optimizer in TRACED_OPTIMIZERS else "adamw", params)
     try:
         with warnings.catch_warnings(), mode, tracer._no_gc(), tracer._dispatch_mode(recorder), \
                 tracer._active(recorder):
@@ -94,8 +95,10 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
             hook.remove()
     trainable = sum(p.numel() for p in params)
     element = torch.empty((), dtype=weight_dtype(settings)).element_size()
+    small = sum(p.numel() for p in params if p.numel() < tracer.SMALL_TENSOR_NUMEL)
     facts = tracer.ModelFacts(attention="sdpa", quantizable_numel=0, largest_quantizable_numel=0,
-                              trainable_numel=int(trainable), trainable_small_numel=0, trainable_tensors=len(params),
+                              trainable_numel=int(trainable), trainable_small_numel=int(small),
+                              trainable_tensors=len(params),
                               layer_numel=0, layer_bytes=0, param_dtype_bytes=element)
     sums = {name: float(getattr(recorder, name)) for name in tracer.SUMMED}
     return tracer.Trace(events, facts, sums, {}, 0)
@@ -115,13 +118,21 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
     result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda,
                     fixed_blocks=(workspace,) if workspace else ())
     text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, settings)
-    phases = {name: peak.allocated + text for name, peak in result.phases.items()}
+    # bitsandbytes' optimizers are traced as torch's AdamW and their states modelled (memory.optimizer_state_bytes)
+    traced_states = max(peak.breakdown["optimizer"] for peak in result.phases.values())
+    states, managed = optimizer_state_bytes(settings.optimizer, trace.facts.trainable_numel,
+                                            trace.facts.trainable_small_numel, traced_states)
+    moved = {name: (states - traced_states if peak.breakdown["optimizer"] else 0.0)
+             for name, peak in result.phases.items()}
+    phases = {name: peak.allocated + text + moved[name] for name, peak in result.phases.items()}
     peak_phase = max(phases, key=lambda name: phases[name])
     breakdown = {name: float(value) for name, value in result.phases[peak_phase].breakdown.items()}
     breakdown["weights"] += text
+    if breakdown["optimizer"]:
+        breakdown["optimizer"] = float(states)
     breakdown["overhead"] = float(result.extra_allocated)
     allocated = phases[peak_phase] + result.extra_allocated
-    reserved = max(allocated, result.peak_reserved + text) if cuda else allocated
+    reserved = max(allocated, result.peak_reserved + text + moved[peak_phase]) if cuda else allocated
     context = overhead_bytes(overheads, "cuda_context", architecture) if cuda else \
         overhead_bytes(overheads, "cpu_framework", "*")
     least = min(reserved, allocated + result.peak_pinned + text) if result.peak_pinned else reserved
@@ -133,11 +144,15 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
              "the VAE resident, encoding each batch (traced)",
              "text encoder outputs cached: the encoders are not loaded" if shape.cache_text else
              f"text encoders resident ({', '.join(pipeline.text_encoders)}): {text / BYTES_PER_GIB:.2f} GiB"]
+    if states != traced_states or managed:
+        notes.append(f"{settings.optimizer}: bitsandbytes states modelled on the traced AdamW (8-bit: 1 byte per "
+                     "state and an fp32 constant per 256 values; paged: in CUDA managed memory)")
     gib = BYTES_PER_GIB
     return MemoryEstimate(
         device=device, peak_allocated_gib=allocated / gib, peak_reserved_gib=reserved / gib,
         device_total_gib=(reserved + context) / gib, least_reserved_gib=least / gib,
-        least_device_total_gib=(least + context) / gib, peak_phase=peak_phase, host_ram_gib=0.0, managed_gib=0.0,
+        least_device_total_gib=(least + context) / gib, peak_phase=peak_phase, host_ram_gib=0.0,
+        managed_gib=managed / gib,
         breakdown_gib={name: value / gib for name, value in breakdown.items()},
         phases_gib={name: (value + result.extra_allocated) / gib for name, value in phases.items()},
         micro_batch=shape.batch, seq_len=tokens, notes=tuple(notes))
@@ -163,11 +178,11 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
     them (SD3 and FLUX), unless the run says."""
     sample = pipeline.configs[pipeline.denoiser].get("sample_size")
     native = int(sample) * pipeline.vae_scale if isinstance(sample, int) else DEFAULT_RESOLUTION
-    side = spec.diffusion.resolution or native
+    width, height = spec.diffusion.sides or (native, native)
     cache_text = spec.diffusion.cache_text if spec.diffusion.cache_text is not None else \
         pipeline.family in ("sd3", "flux")
     batch = spec.micro_batch if isinstance(spec.micro_batch, int) else 1
-    return DiffusionShape(batch, side, side, spec.diffusion.frames or DEFAULT_FRAMES,
+    return DiffusionShape(batch, height, width, spec.diffusion.frames or DEFAULT_FRAMES,
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
 
 
@@ -194,7 +209,8 @@ class DiffusionAnswer:
             "model": self.pipeline.name, "pipeline": self.pipeline.pipeline_class,
             "denoiser": self.pipeline.classes[self.pipeline.denoiser], "objective": self.pipeline.objective,
             "method": spec.method, "precision": spec.precision, "optimizer": spec.optimizer,
-            "grad_checkpointing": spec.grad_checkpointing is True, "resolution": self.shape.width,
+            "grad_checkpointing": spec.grad_checkpointing is True, "width": self.shape.width,
+            "height": self.shape.height,
             "frames": self.shape.frames if self.pipeline.video else None, "cache_latents": self.shape.cache_latents,
             "cache_text": self.shape.cache_text, **self.estimate.as_dict()}
         if self.gpu is not None:
@@ -213,8 +229,8 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
     from tunecast.estimate import progress
 
     shape = diffusion_shape(spec, pipeline)
-    progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width} px on fake "
-                      "tensors (no template yet): about 10-30 s on a laptop CPU")
+    progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} px "
+                      "on fake tensors (no template yet): about 10-30 s on a laptop CPU")
     estimate = estimate_diffusion_memory(pipeline, diffusion_settings(spec), shape, device=device,
                                          gpu=gpu, overheads=overheads)
     return DiffusionAnswer(pipeline, shape, estimate, gpu)

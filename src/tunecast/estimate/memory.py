@@ -434,16 +434,25 @@ def expert_dropout_note(spec: RunSpec, config_data: dict[str, Any]) -> str | Non
 
 def _optimizer_state_bytes(spec: RunSpec, facts: Facts, traced_state_bytes: float) -> tuple[float, float]:
     """(device bytes, managed bytes) of optimizer states for bitsandbytes optimizers; torch ones as traced."""
-    large = facts.trainable_numel - facts.trainable_small_numel
-    small = facts.trainable_small_numel
-    if spec.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+    return optimizer_state_bytes(spec.optimizer, facts.trainable_numel, facts.trainable_small_numel,
+                                 traced_state_bytes)
+
+
+def optimizer_state_bytes(optimizer: str, trainable_numel: float, small_numel: float,
+                          traced_state_bytes: float) -> tuple[float, float]:
+    """(device bytes, managed bytes) of the states of `optimizer` over `trainable_numel` elements, of which
+    `small_numel` in tensors under 4,096 elements (bitsandbytes keeps those in fp32): bitsandbytes' modelled, torch's
+    as traced."""
+    large = trainable_numel - small_numel
+    small = small_numel
+    if optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         large_bytes = 2 * large + 2 * 4 * large / OPTIMIZER_8BIT_BLOCK
-    elif spec.optimizer == "paged-adamw":
+    elif optimizer == "paged-adamw":
         large_bytes = 2 * 4 * large  # bitsandbytes 32-bit optimizer states are fp32
     else:
         return traced_state_bytes, 0.0
     small_bytes = 2 * 4 * small
-    if spec.optimizer.startswith("paged"):
+    if optimizer.startswith("paged"):
         return small_bytes, large_bytes
     return large_bytes + small_bytes, 0.0
 

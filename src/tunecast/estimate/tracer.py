@@ -28,6 +28,8 @@ ALLOC, FREE, RECLASS = "a", "f", "c"
 CATEGORIES = ("weights", "trainable_weights", "gradients", "optimizer", "activations", "temporaries")
 PHASES = ("setup", "forward", "backward", "optimizer")
 STEPS = 2
+# bitsandbytes' optimizers keep the states of tensors under this many elements in fp32 (its `min_8bit_size`).
+SMALL_TENSOR_NUMEL = 4096
 # The figures a trace sums over the measured step's operations (besides FLOPs), for the throughput model.
 # Whether this process has traced (a step or a loss alone): the fake-tensor machinery is then imported, and a loss
 # traced alone costs a fraction of a second instead of the seconds of its first import (profiles.py `_composed`).
@@ -445,7 +447,7 @@ def facts_from_parts(parts: dict[str, list[Any]], *, attention: str, param_dtype
         quantizable_numel=sum(quantizable),
         largest_quantizable_numel=max(quantizable, default=0),
         trainable_numel=sum(trainable),
-        trainable_small_numel=sum(n for n in trainable if n < 4096),
+        trainable_small_numel=sum(n for n in trainable if n < SMALL_TENSOR_NUMEL),
         trainable_tensors=len(trainable),
         layer_numel=sum(n for n, _ in parts["layer"]),
         layer_bytes=sum(n * size for n, size in parts["layer"]),

@@ -58,9 +58,9 @@ def test_a_folder_without_a_pipeline_is_refused_naming_the_model(tmp_path: Path)
     assert error.value.field == "model"
 
 
-def _estimate(folder: Path, method: str, **shape: bool) -> dict[str, float]:
+def _estimate(folder: Path, method: str, optimizer: str = "adamw", **shape: bool) -> dict[str, float]:
     overheads = load_catalog(None).overheads
-    found = estimate_diffusion_memory(load_pipeline(str(folder)), DiffusionSettings(method=method),
+    found = estimate_diffusion_memory(load_pipeline(str(folder)), DiffusionSettings(method=method, optimizer=optimizer),
                                       DiffusionShape(2, 64, 64, **shape), device="cpu", gpu=None, overheads=overheads)
     return {**found.breakdown_gib, "allocated": found.peak_allocated_gib}
 
@@ -105,17 +105,44 @@ def test_a_tiny_unet_s_step_holds_its_weights_adapters_and_adam_states_byte_for_
     assert cached["weights"] * gib == 2 * unet_numel
     assert cached["allocated"] < lora["allocated"]
 
+    # bitsandbytes' 8-bit AdamW: a byte per state and an fp32 constant per 256 values; fp32 states for tensors under
+    # 4,096 elements (its min_8bit_size), as the language models' estimate models it
+    eight_bit = _estimate(folder, "full", optimizer="adamw-8bit")
+    parameters = [p.numel() for p in unet.parameters()]
+    small = sum(n for n in parameters if n < 4096)
+    assert eight_bit["optimizer"] * gib == 2 * (unet_numel - small) * (1 + 4 / 256) + 2 * 4 * small
+    assert eight_bit["weights"] == full["weights"]
+
+
+@pytest.mark.parametrize("written, sides", [(1024, (1024, 1024)), ("768x512", (768, 512)), ("768×512", (768, 512)),
+                                            ("1024", (1024, 1024)), (None, None)])
+def test_a_resolution_is_a_side_or_width_by_height(written: object, sides: object) -> None:
+    from tunecast.config.spec import DiffusionSpec
+
+    assert DiffusionSpec(resolution=written).sides == sides
+
+
+@pytest.mark.parametrize("written", ["wide", "768x", 0, True, "0x512"])
+def test_a_resolution_that_is_neither_is_refused(written: object) -> None:
+    from pydantic import ValidationError
+
+    from tunecast.config.spec import DiffusionSpec
+
+    with pytest.raises(ValidationError, match="pixels per side"):
+        DiffusionSpec(resolution=written)
+
 
 def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_refuse_it(cli, tmp_path: Path) -> None:
     """`tunecast memory --model FOLDER` of a diffusers pipeline: the traced step at the asked resolution, with its
     fit on a GPU; settings its estimate does not take and the commands that do not take a pipeline yet are refused
     in one line each, exit 2."""
     folder = str(tiny_pipeline(tmp_path))
-    result = cli("memory", "--model", folder, "--resolution", "64", "--micro-batch", "2", "--gpu", "rtx-4090", "--json")
+    result = cli("memory", "--model", folder, "--resolution", "64x48", "--micro-batch", "2", "--gpu", "rtx-4090",
+                 "--json")
     assert result.code == 0, result.stderr
     document = result.json()
-    assert (document["denoiser"], document["objective"], document["resolution"], document["micro_batch"]) == \
-        ("UNet2DConditionModel", "epsilon", 64, 2)
+    assert (document["denoiser"], document["objective"], document["width"], document["height"],
+            document["micro_batch"]) == ("UNet2DConditionModel", "epsilon", 64, 48, 2)
     assert document["fits"] is True and document["peak_allocated_gib"] > document["breakdown_gib"]["weights"] > 0
     assert "tracing" in result.stderr  # announced before the trace
     refused = cli("memory", "--model", folder, "--method", "qlora", "--resolution", "60")
