@@ -176,14 +176,18 @@ def _shapes(variant: str, batch: int, seq: int, hidden: int) -> tuple[tuple[int,
 def _interpolated(family: tuple[Any, ...], inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...],
                   among: set[tuple[tuple[int, ...], tuple[int, ...]]]) -> SegmentTrace:
     """The loss at `inputs_shape`, interpolated (or extrapolated) event by event between two of its traces at shapes
-    `among` (inputs, targets), with the same events, whose inputs differ from it in one dimension only: the two that
-    bracket it, else the two nearest."""
+    `among` (inputs, targets) whose inputs differ from it in one dimension only: the two that bracket it, else the two
+    nearest. Only where every such trace holds the same events (a fixed number of chunks: torchtune's 8)."""
     found = [entry for entry in _TRACES.get(family, []) if entry[:2] in among]
     for shape, targets, _, segment in found:
         if shape == inputs_shape and targets == targets_shape:
             return segment
     along = [(axis, shape[axis], structure, segment) for shape, targets, structure, segment in found
              if (axis := _axis(shape, inputs_shape)) is not None and _axis(targets, targets_shape) in (axis, None)]
+    if any(entry[2] != along[0][2] for entry in along[1:]):
+        # the loss's events change along the line (unsloth's chunks follow the tokens): an interpolation within one
+        # of its regimes guides a search across them badly, and the checks it misleads cost more than it saves
+        raise NoNearTraces("the loss's events change between the traces along this dimension")
     x = {axis: inputs_shape[axis] for axis, *_ in along}
     pairs = [(*sorted((a[1:], b[1:]), key=lambda item: item[0]), x[a[0]]) for i, a in enumerate(along)
              for b in along[i + 1:] if a[0] == b[0] and a[1] != b[1] and a[2] == b[2]]

@@ -114,3 +114,24 @@ def test_a_loss_interpolated_between_two_traces_along_the_micro_batch_equals_its
         profiles.templated_profiles(data, settings, 5, 41)
     with pytest.raises(compose.NoNearTraces), compose.from_near_traces([(1, 41), (2, 80)]):  # not on one line
         profiles.templated_profiles(data, settings, 7, 41)
+
+
+def test_a_loss_whose_events_change_along_the_line_is_not_interpolated() -> None:
+    """unsloth's chunks follow the tokens: between traces in two chunk regimes the interpolation would guide a limit's
+    search badly, so it is refused (NoNearTraces) and the search closes on its checks."""
+    from tunecast.estimate.tracer import ALLOC, Event, SegmentTrace
+
+    def segment(tokens: int, chunks: int) -> SegmentTrace:
+        forward = [Event(ALLOC, key, tokens * 4) for key in range(chunks)]
+        return SegmentTrace(forward, [], [], 0, (None, None, None), {}, {}, {}, {})
+
+    family = ("test-loss", 8, 16, (), "temporaries", None, False, False)
+    compose._TRACES[family] = [((t, 8), (t,), compose._structure(segment(t, c)), segment(t, c))
+                               for t, c in ((100, 2), (200, 2), (400, 3))]
+    try:
+        among = {((100, 8), (100,)), ((200, 8), (200,))}
+        assert compose._interpolated(family, (150, 8), (150,), among).forward[0].nbytes == 600
+        with pytest.raises(compose.NoNearTraces):
+            compose._interpolated(family, (150, 8), (150,), among | {((400, 8), (400,))})
+    finally:
+        del compose._TRACES[family]
