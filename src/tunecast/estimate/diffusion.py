@@ -181,7 +181,8 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
     width, height = spec.diffusion.sides or (native, native)
     cache_text = spec.diffusion.cache_text if spec.diffusion.cache_text is not None else \
         pipeline.family in ("sd3", "flux")
-    batch = spec.micro_batch if isinstance(spec.micro_batch, int) else 1
+    assert isinstance(spec.micro_batch, int), "micro_batch: auto is refused for a pipeline (config/load.py)"
+    batch = spec.micro_batch
     return DiffusionShape(batch, height, width, spec.diffusion.frames or DEFAULT_FRAMES,
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
 
