@@ -20,6 +20,7 @@ from tunecast.units import format_params
 if TYPE_CHECKING:
     from tunecast.config.load import LoadedPipeline, LoadedSpec
     from tunecast.estimate.answer import MemoryAnswer
+    from tunecast.estimate.fit import Suggestion
     from tunecast.estimate.memory import MemoryEstimate
 
 LABELS = {"weights": "frozen weights", "trainable_weights": "trainable weights", "gradients": "gradients",
@@ -57,7 +58,8 @@ def memory_command(
                             hint="name it with --gpu (for example --gpu a100-80gb, or --gpu local), or gpus.gpu in the "
                                  "config")
     if isinstance(found, LoadedPipeline):
-        return _diffusion_memory(ctx, found, device=device, json_output=json_output, check=check)
+        return _diffusion_memory(ctx, found, device=device, json_output=json_output, check=check,
+                                 trace_suggestions=trace_suggestions)
     loaded = found
     warming = start_prewarm(loaded, state(ctx).catalog(), device=device)  # before the progress display's thread
     with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
@@ -82,14 +84,14 @@ def memory_command(
 
 
 def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str, json_output: bool,
-                      check: bool) -> int:
+                      check: bool, trace_suggestions: bool) -> int:
     """`tunecast memory` of a diffusion pipeline (docs/diffusion.md): its traced step, and on a GPU whether it fits."""
     from tunecast.estimate.diffusion import answer_diffusion_memory
 
     spec = loaded.spec
     with working(f"Estimating the memory of {escape(loaded.pipeline.name)}…"):
         answer = answer_diffusion_memory(spec, loaded.pipeline, loaded.gpu, state(ctx).catalog().overheads,
-                                         device=device)
+                                         device=device, trace_suggestions=trace_suggestions)
     estimate = answer.estimate
     if json_output:
         print_json(answer.as_dict(spec))
@@ -108,6 +110,7 @@ def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str
                        else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least"
                        if answer.at_edge else f"[red]does not fit[/]: {-headroom:.1f} GiB over")
             out.print(f"\nOn [bold]{answer.gpu.slug}[/] ({capacity:.2f} GiB usable): {verdict}")
+            _suggestion_table(answer.suggestions, "tracing each takes 10-30 s (--trace-suggestions)")
         print_problems(list(loaded.warnings))
     if check and answer.fits is False and not answer.at_edge:
         slug = answer.gpu.slug if answer.gpu is not None else ""
@@ -179,22 +182,28 @@ def _render_fit(answer: MemoryAnswer) -> None:
               f"longest sequence at micro-batch {estimate.micro_batch}: {longest}")
     for warning in fit.warnings:
         out.print(f"  [yellow]! {escape(warning)}[/]")
-    if fit.suggestions:
-        changes = Table(box=box.SIMPLE_HEAD, title="What would make it fit", title_justify="left")
-        changes.add_column("")
-        changes.add_column("change")
-        changes.add_column("device GiB", justify="right")
-        changes.add_column("as --set")
-        for suggestion in fit.suggestions:
-            mark = {True: "[green]✓[/]", False: "[red]✗[/]", None: "[yellow]?[/]"}[suggestion.fits]
-            sets = " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}"
-                            for k, v in suggestion.settings.items())
-            gib = "—" if suggestion.device_total_gib is None else f"{suggestion.device_total_gib:.1f}"
-            changes.add_row(mark, escape(suggestion.change), gib, escape(sets))
-        out.print(changes)
-        if any(suggestion.device_total_gib is None for suggestion in fit.suggestions):
-            out.print("  [yellow]?[/] not estimated: no shipped template covers it, and tracing it takes about a "
-                      "minute (--trace-suggestions)")
+    _suggestion_table(fit.suggestions, "no shipped template covers it, and tracing it takes about a minute "
+                                       "(--trace-suggestions)")
+
+
+def _suggestion_table(suggestions: tuple[Suggestion, ...], why_unestimated: str) -> None:
+    """The changes that would make a run fit, each with its figure and its `--set` form."""
+    if not suggestions:
+        return
+    changes = Table(box=box.SIMPLE_HEAD, title="What would make it fit", title_justify="left")
+    changes.add_column("")
+    changes.add_column("change")
+    changes.add_column("device GiB", justify="right")
+    changes.add_column("as --set")
+    for suggestion in suggestions:
+        mark = {True: "[green]✓[/]", False: "[red]✗[/]", None: "[yellow]?[/]"}[suggestion.fits]
+        sets = " ".join(f"--set {k}={str(v).lower() if isinstance(v, bool) else v}"
+                        for k, v in suggestion.settings.items())
+        gib = "—" if suggestion.device_total_gib is None else f"{suggestion.device_total_gib:.1f}"
+        changes.add_row(mark, escape(suggestion.change), gib, escape(sets))
+    out.print(changes)
+    if any(suggestion.device_total_gib is None for suggestion in suggestions):
+        out.print(f"  [yellow]?[/] not estimated: {why_unestimated}")
 
 
 def register(app: typer.Typer) -> None:

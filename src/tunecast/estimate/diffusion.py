@@ -16,6 +16,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
+from tunecast.estimate.fit import Suggestion
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
@@ -189,12 +190,13 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
 
 @dataclass(frozen=True)
 class DiffusionAnswer:
-    """A diffusion run's memory, and on a named GPU whether it fits."""
+    """A diffusion run's memory, and on a named GPU whether it fits and what would make it fit."""
 
     pipeline: Pipeline
     shape: DiffusionShape
     estimate: MemoryEstimate
     gpu: Gpu | None
+    suggestions: tuple[Suggestion, ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -220,13 +222,49 @@ class DiffusionAnswer:
             document.update({"gpu": self.gpu.slug, "capacity_gib": round(capacity, 3), "fits": self.fits,
                              "fits_at_edge": self.at_edge, "reserved_on_gpu_gib": round(reserved, 3),
                              "device_total_on_gpu_gib": round(device_total, 3),
-                             "headroom_gib": round(capacity - self.estimate.device_total_gib, 3)})
+                             "headroom_gib": round(capacity - self.estimate.device_total_gib, 3),
+                             "suggestions": [suggestion.as_dict() for suggestion in self.suggestions]})
         return document
 
 
+def _suggestions(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tuple[Overhead, ...],
+                 trace: bool) -> tuple[Suggestion, ...]:
+    """The single changes that save memory in a diffusion step, each with its peak where `trace` lets it be traced
+    (each a trace of its own, 10-30 s on a laptop CPU), without one otherwise."""
+    from tunecast.estimate import progress
+
+    candidates: list[tuple[str, dict[str, Any]]] = []
+    if spec.grad_checkpointing is not True:
+        candidates.append(("turn on gradient checkpointing", {"grad_checkpointing": True}))
+    if not spec.diffusion.cache_latents:
+        candidates.append(("cache the VAE's latents before training (the VAE not loaded)",
+                           {"diffusion.cache_latents": True}))
+    if not diffusion_shape(spec, pipeline).cache_text:
+        candidates.append(("cache the text encoders' outputs before training (the encoders not loaded)",
+                           {"diffusion.cache_text": True}))
+    if spec.method == "full":
+        candidates.append(("train LoRA adapters instead of every weight", {"method": "lora"}))
+    if spec.optimizer in ("adamw", "adamw-foreach"):
+        candidates.append(("use the 8-bit AdamW optimizer", {"optimizer": "adamw-8bit"}))
+    if isinstance(spec.micro_batch, int) and spec.micro_batch > 1:
+        candidates.append((f"micro-batch 1 with gradient accumulation {spec.micro_batch * spec.grad_accum}",
+                           {"micro_batch": 1, "grad_accum": spec.micro_batch * spec.grad_accum}))
+    found = []
+    for change, settings in candidates:
+        peak: float | None = None
+        if trace:
+            changed = spec.with_changes(settings)
+            progress.progress(f"tracing the step with this change: {change}")
+            peak = estimate_diffusion_memory(pipeline, diffusion_settings(changed), diffusion_shape(changed, pipeline),
+                                             device="cuda", gpu=gpu, overheads=overheads).device_total_gib
+        found.append(Suggestion(change, settings, peak, None if peak is None else peak <= gpu.usable_memory_gib))
+    return tuple(found)
+
+
 def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, overheads: tuple[Overhead, ...], *,
-                            device: str) -> DiffusionAnswer:
-    """The run's per-GPU memory (traced: announced first, with about how long it takes), and its fit on `gpu`."""
+                            device: str, trace_suggestions: bool = False) -> DiffusionAnswer:
+    """The run's per-GPU memory (traced: announced first, with about how long it takes), its fit on `gpu`, and where
+    it does not fit, the changes that would save memory (each estimated with `trace_suggestions`)."""
     from tunecast.estimate import progress
 
     shape = diffusion_shape(spec, pipeline)
@@ -234,4 +272,6 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                       "on fake tensors (no template yet): about 10-30 s on a laptop CPU")
     estimate = estimate_diffusion_memory(pipeline, diffusion_settings(spec), shape, device=device,
                                          gpu=gpu, overheads=overheads)
-    return DiffusionAnswer(pipeline, shape, estimate, gpu)
+    fits = gpu is None or estimate.device_total_gib <= gpu.usable_memory_gib
+    suggestions = () if fits or gpu is None else _suggestions(spec, pipeline, gpu, overheads, trace_suggestions)
+    return DiffusionAnswer(pipeline, shape, estimate, gpu, suggestions)

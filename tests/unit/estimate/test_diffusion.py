@@ -151,3 +151,32 @@ def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_ref
     assert "Traceback" not in refused.stderr
     planned = cli("plan", "--model", folder)
     assert planned.code == 2 and "diffusion pipeline" in planned.stderr
+
+
+def test_a_pipeline_that_does_not_fit_gets_the_changes_that_save_memory_each_traced_when_asked(tmp_path: Path) -> None:
+    """On a GPU the run does not fit, each change that saves memory in a diffusion step is listed, without a figure
+    unless `trace_suggestions` traces it; none saves less than nothing; a run that fits gets none."""
+    from tunecast.config.spec import RunSpec
+    from tunecast.estimate.diffusion import answer_diffusion_memory
+
+    folder = str(tiny_pipeline(tmp_path))
+    catalog = load_catalog(None)
+    base = catalog.gpus.get("rtx-4090")
+    small = base.model_copy(update={"usable_memory_gib": 0.51, "memory_gib": 0.51})  # the context and a little
+    spec = RunSpec.model_validate({"model": folder, "method": "full", "micro_batch": 2,
+                                   "diffusion": {"resolution": 64}})
+    listed = answer_diffusion_memory(spec, load_pipeline(folder), small, catalog.overheads, device="cuda")
+    assert listed.fits is False
+    changes = {tuple(s.settings) for s in listed.suggestions}
+    assert {("grad_checkpointing",), ("diffusion.cache_latents",), ("diffusion.cache_text",), ("method",),
+            ("optimizer",), ("micro_batch", "grad_accum")} == changes
+    assert all(s.device_total_gib is None and s.fits is None for s in listed.suggestions)
+    traced = answer_diffusion_memory(spec, load_pipeline(folder), small, catalog.overheads, device="cuda",
+                                     trace_suggestions=True)
+    figures = {s.settings.get("method", next(iter(s.settings))): s.device_total_gib for s in traced.suggestions}
+    base_total = traced.estimate.device_total_gib  # at this size the allocator's 2 MiB blocks hide most savings
+    assert all(figure is not None and figure <= base_total for figure in figures.values()), (base_total, figures)
+    assert figures["lora"] < base_total
+    assert traced.as_dict(spec)["suggestions"][0]["estimated"] is True
+    assert answer_diffusion_memory(spec, load_pipeline(folder), base, catalog.overheads, device="cuda").suggestions \
+        == ()
