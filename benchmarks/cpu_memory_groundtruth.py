@@ -80,7 +80,7 @@ CALIBRATION = ("calibration-tiny", {"model_type": "llama", "hidden_size": 128, "
                                     "vocab_size": 1024}, {"method": "full", "micro_batch": 1, "seq_len": 128})
 
 
-def _rss() -> int:
+def rss() -> int:
     with open("/proc/self/statm") as handle:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -92,7 +92,7 @@ def child(config: dict, settings: dict) -> dict:
 
     from tunecast.step.forward import forward_backward
 
-    baseline = _rss()
+    baseline = rss()
     spec, model, optimizer = realstep.build(config, settings)
     ids = torch.randint(0, config["vocab_size"], (spec.micro_batch, spec.seq_len))
     seconds = []
@@ -106,9 +106,10 @@ def child(config: dict, settings: dict) -> dict:
     return {"growth_bytes": peak - baseline, "step_seconds": seconds}
 
 
-def measure(config: dict, settings: dict) -> dict:
+def measure(config: Any, settings: dict, script: str = __file__) -> dict:
+    """`script --child [config, settings]` in a fresh process whose glibc returns freed memory at once; its result."""
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_NO_CACHE": "1"}
-    completed = subprocess.run([sys.executable, __file__, "--child", json.dumps([config, settings])],
+    completed = subprocess.run([sys.executable, script, "--child", json.dumps([config, settings])],
                                capture_output=True, text=True, env=env, check=False)
     if completed.returncode != 0:
         raise RuntimeError(completed.stderr[-3000:])
@@ -167,20 +168,27 @@ def main() -> int:
                       f"{error:+.1%}", f"{predicted['peak_allocated_gib']:.3f}", predicted["peak_phase"], today]
         print(f"{name}: measured {growth:.3f} GiB, predicted {predicted['device_total_gib']:.3f} GiB "
               f"({error:+.1%})", flush=True)
-    ordered = [rows[name] for name in CASES if name in rows]
+    write_table(DOC, MARK, "cpu_memory_groundtruth.py", f"torch {__import__('torch').__version__}",
+                [rows[name] for name in CASES if name in rows], COLUMNS)
+    return 0
+
+
+def write_table(doc: Path, mark: str, script: str, versions: str, ordered: list[list[str]],
+                columns: tuple[str, ...]) -> None:
+    """The ground-truth table of `ordered` rows (COLUMNS' layout: the error sixth) between `mark`'s markers of `doc`,
+    with how it was measured and its largest error."""
     lines = [
-        "Measured with `.venv/bin/python benchmarks/cpu_memory_groundtruth.py` (`--only CASE …` measures some cases "
+        f"Measured with `.venv/bin/python benchmarks/{script}` (`--only CASE …` measures some cases "
         f"and keeps the other rows; each row's date is its own), {platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {__import__('torch').__version__}.",
+        f"{versions}.",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
+        "| " + " | ".join(columns) + " |",
         "|---|---|---|---:|---:|---:|---:|---|---|",
     ]
     lines += ["| " + " | ".join(row) + " |" for row in ordered]
     worst = max(abs(float(row[5].rstrip("%"))) for row in ordered) if ordered else 0.0
     lines += ["", f"Largest absolute error: {worst:.1f}% (target: every case within 5%)."]
-    write_section(DOC, MARK, "\n".join(lines))
-    return 0
+    write_section(doc, mark, "\n".join(lines))
 
 
 COLUMNS = ("case", "model", "settings", "measured GiB", "predicted GiB", "error", "live tensors GiB", "peak phase",
@@ -200,15 +208,20 @@ def _case_config(catalog: Any, name: str, model: str) -> tuple[dict, str]:
 
 
 def _table_rows() -> dict[str, list[str]]:
-    """The rows of the table in the doc, by case; a row of a table without dates takes the table's date."""
-    text = DOC.read_text() if DOC.exists() else ""
-    section = text.split(f"<!-- {MARK}:start -->", 1)[-1].split(f"<!-- {MARK}:end -->", 1)[0]
+    return table_rows(DOC, MARK, CASES, COLUMNS)
+
+
+def table_rows(doc: Path, mark: str, cases: Any, columns: tuple[str, ...]) -> dict[str, list[str]]:
+    """The rows of `mark`'s table in `doc`, by case (one of `cases`); a row of a table without dates takes the
+    table's date."""
+    text = doc.read_text() if doc.exists() else ""
+    section = text.split(f"<!-- {mark}:start -->", 1)[-1].split(f"<!-- {mark}:end -->", 1)[0]
     dated = re.search(r" on (\d{4}-\d{2}-\d{2})", section)
     rows = {}
     for line in section.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and cells[0] in CASES:
-            rows[cells[0]] = cells if len(cells) == len(COLUMNS) else [*cells, dated.group(1) if dated else "?"]
+        if line.startswith("| ") and cells[0] in cases:
+            rows[cells[0]] = cells if len(cells) == len(columns) else [*cells, dated.group(1) if dated else "?"]
     return rows
 
 

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from docsection import write_section
+from cpu_memory_groundtruth import measure, rss, table_rows, write_table
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "validation" / "memory.md"
@@ -59,11 +56,6 @@ SHRUNK: dict[str, dict[str, int]] = {"flux-dev-4blocks-lora-256": {"num_layers":
                                      "sd3-medium-4blocks-lora-256": {"num_layers": 4}}
 COLUMNS = ("case", "pipeline", "settings", "measured GiB", "predicted GiB", "error", "live tensors GiB", "peak phase",
            "measured on")
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _pipeline_folder(name: str, model: str) -> str:
@@ -104,7 +96,7 @@ def child(model: str, settings: dict) -> dict:
     step_settings, shape = diffusion_settings(spec), diffusion_shape(spec, pipeline)
     denoiser_class(pipeline)  # the lazy module's import, before the baseline
     torch.manual_seed(0)
-    baseline = _rss()
+    baseline = rss()
     denoiser = build_denoiser(pipeline, step_settings, device="cpu")
     vae = None if shape.cache_latents else build_vae(pipeline, step_settings, device="cpu")
     encoders = [] if shape.cache_text else build_text_encoders(pipeline, step_settings, device="cpu")
@@ -125,15 +117,6 @@ def child(model: str, settings: dict) -> dict:
     return {"growth_bytes": peak - baseline, "step_seconds": seconds}
 
 
-def measure(model: str, settings: dict) -> dict:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "TUNECAST_NO_CACHE": "1"}
-    completed = subprocess.run([sys.executable, __file__, "--child", json.dumps([model, settings])],
-                               capture_output=True, text=True, env=env, check=False)
-    if completed.returncode != 0:
-        raise RuntimeError(completed.stderr[-3000:])
-    return json.loads(completed.stdout.strip().splitlines()[-1])
-
-
 def estimate(model: str, settings: dict) -> dict:
     from tunecast.catalog.diffusion import load_pipeline
     from tunecast.catalog.store import load_catalog
@@ -142,20 +125,6 @@ def estimate(model: str, settings: dict) -> dict:
     answer = answer_diffusion_memory(_spec(model, settings), load_pipeline(model), None,
                                      load_catalog(None).overheads, device="cpu")
     return answer.estimate.as_dict()
-
-
-def _table_rows() -> dict[str, list[str]]:
-    """The rows the document's table holds now, by case."""
-    text = DOC.read_text() if DOC.exists() else ""
-    start, end = f"<!-- {MARK}:start -->", f"<!-- {MARK}:end -->"
-    if start not in text:
-        return {}
-    rows = {}
-    for line in text.split(start, 1)[1].split(end, 1)[0].splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] in CASES:
-            rows[cells[0]] = cells
-    return rows
 
 
 def main() -> int:
@@ -167,13 +136,13 @@ def main() -> int:
         model, settings = json.loads(args.child)
         print(json.dumps(child(model, settings)))
         return 0
-    rows = _table_rows()
+    rows = table_rows(DOC, MARK, CASES, COLUMNS)
     today = time.strftime("%Y-%m-%d")
     for name, (model, settings) in CASES.items():
         if args.only and name not in args.only:
             continue
         folder = _pipeline_folder(name, model)
-        measured = measure(folder, settings)
+        measured = measure(folder, settings, __file__)
         predicted = estimate(folder, settings)
         growth = measured["growth_bytes"] / 2**30
         error = (predicted["device_total_gib"] - growth) / growth
@@ -184,19 +153,9 @@ def main() -> int:
                       f"{error:+.1%}", f"{predicted['peak_allocated_gib']:.3f}", predicted["peak_phase"], today]
         print(f"{name}: measured {growth:.3f} GiB, predicted {predicted['device_total_gib']:.3f} GiB ({error:+.1%}); "
               f"steps {', '.join(f'{s:.1f}' for s in measured['step_seconds'])} s", flush=True)
-    ordered = [rows[name] for name in CASES if name in rows]
-    lines = [
-        "Measured with `.venv/bin/python benchmarks/diffusion_cpu_groundtruth.py` (`--only CASE …` measures some cases "
-        f"and keeps the other rows; each row's date is its own), {platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {__import__('torch').__version__}, diffusers {__import__('diffusers').__version__}.",
-        "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|---|---|---|---:|---:|---:|---:|---|---|",
-    ]
-    lines += ["| " + " | ".join(row) + " |" for row in ordered]
-    worst = max(abs(float(row[5].rstrip("%"))) for row in ordered) if ordered else 0.0
-    lines += ["", f"Largest absolute error: {worst:.1f}% (target: every case within 5%)."]
-    write_section(DOC, MARK, "\n".join(lines))
+    write_table(DOC, MARK, "diffusion_cpu_groundtruth.py",
+                f"torch {__import__('torch').__version__}, diffusers {__import__('diffusers').__version__}",
+                [rows[name] for name in CASES if name in rows], COLUMNS)
     return 0
 
 
