@@ -190,9 +190,9 @@ def _interpolated(family: tuple[Any, ...], inputs_shape: tuple[int, ...], target
         raise NoNearTraces("the loss's events change between the traces along this dimension")
     x = {axis: inputs_shape[axis] for axis, *_ in along}
     pairs = [(*sorted((a[1:], b[1:]), key=lambda item: item[0]), x[a[0]]) for i, a in enumerate(along)
-             for b in along[i + 1:] if a[0] == b[0] and a[1] != b[1] and a[2] == b[2]]
+             for b in along[i + 1:] if a[0] == b[0] and a[1] != b[1]]
     if not pairs:
-        raise NoNearTraces("no two traces of this loss with the same events, along one dimension with the asked size")
+        raise NoNearTraces("no two traces of this loss along one dimension with the asked size")
     # the pair that brackets the asked size most closely, else the nearest pair beside it
     (x1, _, one), (x2, _, two), at = min(pairs, key=lambda pair: (not pair[0][0] <= pair[2] <= pair[1][0],
                                                                   max(abs(pair[0][0] - pair[2]),
