@@ -110,6 +110,13 @@ def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str
                        else f"[yellow]fits at the edge[/]: {estimate.least_device_total_gib:.1f} GiB at least"
                        if answer.at_edge else f"[red]does not fit[/]: {-headroom:.1f} GiB over")
             out.print(f"\nOn [bold]{answer.gpu.slug}[/] ({capacity:.2f} GiB usable): {verdict}")
+            if answer.limits is not None:
+                limits = answer.limits
+                out.print(f"  largest micro-batch at {shape.width}×{shape.height} px: {limits.max_micro_batch} "
+                          f"{'clips' if loaded.pipeline.video else 'images'}")
+                out.print(f"  largest resolution at micro-batch {shape.batch}: "
+                          + (f"{limits.max_resolution}×{limits.max_resolution} px" if limits.max_resolution else
+                             f"none (not even {limits.step} px)"))
             _suggestion_table(answer.suggestions, "tracing each takes 10-30 s (--trace-suggestions)")
         print_problems(list(loaded.warnings))
     if check and answer.fits is False and not answer.at_edge:

@@ -11,10 +11,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_from_cli, load_run_from_cli, print_imported
 from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
-from tunecast.errors import Problem
+from tunecast.config.load import LoadedPipeline
+from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
@@ -59,7 +60,16 @@ def plan_command(
     from tunecast.plan.calibration import read_calibration
     from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
-    loaded = load_from_cli(ctx, config, spec_args)
+    found = load_run_from_cli(ctx, config, spec_args)
+    if isinstance(found, LoadedPipeline):
+        if report is not None or calibration is not None or available:
+            flag = "--report" if report is not None else "--calibration" if calibration is not None else "--available"
+            raise TunecastError(f"{flag} is not available for a diffusion pipeline yet", field=flag,
+                                hint=f"leave {flag} out (docs/diffusion.md)")
+        refreshed = _refresh(ctx, found.spec.pricing.providers, json_output) if refresh else None
+        return _diffusion_plan(ctx, found, PlanRequest(optimize, budget, deadline, preemptions), top=top,
+                               json_output=json_output, check=check, refreshed=refreshed)
+    loaded = found
     refreshed = _refresh(ctx, loaded.spec.pricing.providers, json_output) if refresh else None
     request = PlanRequest(optimize, budget, deadline, preemptions,
                           read_calibration(calibration) if calibration is not None else None, available)
@@ -83,6 +93,71 @@ def plan_command(
         err.print(f"check failed: {escape(failure)}")
         return DOES_NOT_FIT
     return 0
+
+
+def _diffusion_plan(ctx: typer.Context, loaded: LoadedPipeline, request: Any, *, top: int, json_output: bool,
+                    check: bool, refreshed: list[dict[str, Any]] | None) -> int:
+    """`tunecast plan` of a diffusion pipeline (docs/diffusion.md): every GPU's fastest batch shape that fits, images
+    per second, hours and the whole run's cost per offer."""
+    from tunecast.catalog.store import today
+    from tunecast.plan.diffusion import plan_diffusion
+    from tunecast.plan.report import _check
+
+    request = request.over(loaded.spec)
+    _check(request)
+    with working("Planning…") as status:
+        status.update("Planning… tracing the step (each shape a trace of its own: about 5-30 s)")
+        document = plan_diffusion(loaded.spec, loaded.pipeline, loaded.gpu, state(ctx).catalog(),
+                                  optimize=request.optimize, budget_usd=request.budget_usd,
+                                  deadline_hours=request.deadline_hours,
+                                  interruptions_per_hour=request.interruptions_per_hour, today=today(),
+                                  progress=lambda gpu: status.update(f"Planning… {gpu}"))
+    if json_output:
+        print_json({**document, **({"refreshed": refreshed} if refreshed is not None else {})})
+    else:
+        _render_diffusion_plan(document, top)
+        print_problems(list(loaded.warnings))
+    fitting = [o for o in document["options"] if o["fits"] and o["total_usd"] is not None]
+    if check and not fitting:
+        err.print("check failed: no option fits within the budget and deadline" if document["filtered_out"] else
+                  "check failed: no option fits")
+        return DOES_NOT_FIT
+    return 0
+
+
+def _render_diffusion_plan(document: dict[str, Any], top: int) -> None:
+    data = document["dataset"]
+    frames = f" × {document['frames']} frames" if document["frames"] else ""
+    images = f"{data['images']:,} images × {data['repeats']} repeats × {data['epochs']:g} epochs" \
+        if data["max_steps"] is None else f"{data['max_steps']:,} steps"
+    out.print(f"[bold]{escape(document['model'])}[/] ({document['denoiser']}) · {document['method']} · "
+              f"{document['precision']} · {document['width']}×{document['height']} px{frames} · {images} · global "
+              f"batch {document['global_batch']} · {document['steps']:,} steps")
+    options = document["options"]
+    priced = [o for o in options if o["total_usd"] is not None]
+    unpriced = [o for o in options if o["fits"] and o["total_usd"] is None]
+    ranking = "total cost" if document["optimize"] == "cost" else "hours"
+    table = Table(box=box.SIMPLE_HEAD, title=f"Runs ranked by {ranking} ({len(priced)} priced)", title_justify="left")
+    for heading, justify in (("gpu", "left"), ("provider", "left"), ("", "left"), ("$/h", "right"),
+                             ("mb×acc", "right"), ("ckpt", "left"), ("GiB", "right"), ("img/s", "right"),
+                             ("hours", "right"), ("total", "right")):
+        table.add_column(heading, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for option in priced[:top] + unpriced[:UNPRICED_SHOWN]:
+        cost = option["total_usd"] is not None
+        table.add_row(option["gpu"], escape(option["provider"]) if cost else "—", "spot" if option["spot"] else "",
+                      format_usd(option["usd_per_hour_total"]) if cost else "—",
+                      f"{option['micro_batch']}×{option['grad_accum']}", "yes" if option["grad_checkpointing"] else "",
+                      f"{option['device_total_gib']:.1f}", f"{option['images_per_second']:.2f}",
+                      f"{option['hours']:.2f}" if option["hours"] >= 0.05 else f"{option['hours'] * 60:.1f} min",
+                      f"${option['total_usd']:,.2f}" if cost else "no price")
+    out.print(table)
+    unfit = {o["gpu"]: o["notes"][0] for o in options if not o["fits"]}
+    if unfit:
+        out.print(f"Does not fit ({len(unfit)}):")
+        for gpu, reason in list(unfit.items())[:UNFIT_SHOWN]:
+            out.print(f"[dim]  {gpu}: {escape(reason)}[/]")
+    if document["filtered_out"]:
+        out.print(f"[dim]{document['filtered_out']} option(s) over the budget or the deadline left out.[/]")
 
 
 def _refresh(ctx: typer.Context, providers: list[str], json_output: bool) -> list[dict[str, Any]]:

@@ -182,7 +182,7 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                 pipeline = _pipeline(spec, problems, locate)
             else:
                 problems.append(Problem("model", f"{spec.model} is a diffusion pipeline, which `tunecast memory` "
-                                        "estimates; this command does not take one yet (docs/diffusion.md)",
+                                        "and `plan` estimate; this command does not take one yet (docs/diffusion.md)",
                                         "run tunecast memory --model ... --resolution PIXELS",
                                         location=locate("model")))
         elif spec.model != _MISSING_MODEL:

@@ -382,6 +382,14 @@ class DiffusionSpec(_Section):
     diffusers' example for the model does (FLUX and SD3 cache them and unload the encoders; SD 1.5 and SDXL keep
     them)."""
 
+    images: PositiveInt | None = Field(None, examples=[500])
+    """Declared number of training images (or clips), for planning without the folder at hand; `dataset.path`, a
+    folder, is counted instead. Default: none."""
+
+    repeats: PositiveInt = 1
+    """How many times each image is seen per epoch (kohya's folder repeats: 10 images × 20 repeats is an epoch of
+    200). Default 1."""
+
 
 class RunSpec(_Section):
     """A fine-tuning run: model, method, batch shape, optimisation, data, hardware, output."""

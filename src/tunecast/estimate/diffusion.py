@@ -9,7 +9,8 @@ the weight dtype; the VAE in fp32 for SDXL and SD3 ("to avoid NaN losses"), in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecast.catalog.diffusion import Pipeline
@@ -40,9 +41,31 @@ def _text_encoder_bytes(pipeline: Pipeline, settings: DiffusionSettings) -> int:
                for p in encoder.parameters())
 
 
-def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> Any:
+# This process's traces, by pipeline, settings and shape: a plan, a limit's search and a suggestion meet the same
+# shapes; a trace takes seconds, its replay on another GPU milliseconds.
+_TRACES: dict[tuple[str, DiffusionSettings, DiffusionShape], Any] = {}
+
+
+def _pipeline_key(pipeline: Pipeline) -> str:
+    return pipeline.name + json.dumps(pipeline.configs, sort_keys=True, default=str)
+
+
+def traced_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
+                count_flops: bool) -> Any:
+    """`trace_diffusion_step`, once per pipeline, settings and shape in this process (with its work counted where
+    `count_flops` asks: a plan's; a pass more than memory needs)."""
+    key = (_pipeline_key(pipeline), settings, shape)
+    if key not in _TRACES or (count_flops and "matmul" not in _TRACES[key].flops):
+        _TRACES[key] = trace_diffusion_step(pipeline, settings, shape, count_flops=count_flops)
+    return _TRACES[key]
+
+
+def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
+                         count_flops: bool = False) -> Any:
     """Two training steps on fake tensors (tracer.STEPS): the VAE's encoding of the batch (unless its latents are
-    cached), the denoiser's loss, its backward pass and the optimizer's step. A tracer.Trace."""
+    cached), the denoiser's loss, its backward pass and the optimizer's step. A tracer.Trace; with `count_flops`, its
+    `flops` also hold a third step's matmul and attention FLOPs (torch's FlopCounterMode: convolutions count as
+    matmuls), counted in a pass of their own as for a language model (tracer._trace_step)."""
     import warnings
 
     import torch
@@ -53,6 +76,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
     from tunecast.step.settings import TRACED_OPTIMIZERS
     from tunecast.step.setup import make_optimizer
 
+    tracer._register_attention_flops()
     model = build_denoiser(pipeline, settings)
     vae = None if shape.cache_latents else build_vae(pipeline, settings)
     mode = FakeTensorMode()
@@ -80,20 +104,26 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
 
     hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
     optimizer = make_optimizer(settings.optimizer if settings.optimizer in TRACED_OPTIMIZERS else "adamw", params)
+    counter = tracer._flop_counter(recorder)
     try:
-        with warnings.catch_warnings(), mode, tracer._no_gc(), tracer._dispatch_mode(recorder), \
-                tracer._active(recorder):
+        with warnings.catch_warnings(), mode, tracer._no_gc():
             warnings.simplefilter("ignore")
-            for step in range(1, tracer.STEPS + 1):
-                recorder.step = step
-                recorder.phase, recorder.category = "forward", "activations"
-                recorder.counting = step == tracer.STEPS
-                train_step(model, vae, lambda step=step: tracer.optimizer_step(recorder, optimizer, step),
-                           pipeline, settings, shape.batch, shape.height, shape.width, shape.frames, on=on)
-            events = recorder.close()
+            with tracer._dispatch_mode(recorder), tracer._active(recorder):
+                for step in range(1, tracer.STEPS + 1):
+                    recorder.step = step
+                    recorder.phase, recorder.category = "forward", "activations"
+                    recorder.counting = step == tracer.STEPS
+                    train_step(model, vae, lambda step=step: tracer.optimizer_step(recorder, optimizer, step),
+                               pipeline, settings, shape.batch, shape.height, shape.width, shape.frames, on=on)
+                events = recorder.close()
+            if count_flops:  # the optimizer's work is its traced bytes (optimizer_bytes), not FLOPs
+                with counter:
+                    train_step(model, vae, lambda: optimizer.zero_grad(set_to_none=True), pipeline, settings,
+                               shape.batch, shape.height, shape.width, shape.frames)
     finally:
         for hook in hooks:
             hook.remove()
+    flops = tracer._split_flops(counter) if count_flops else {}
     trainable = sum(p.numel() for p in params)
     element = torch.empty((), dtype=weight_dtype(settings)).element_size()
     small = sum(p.numel() for p in params if p.numel() < tracer.SMALL_TENSOR_NUMEL)
@@ -102,7 +132,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
                               trainable_tensors=len(params),
                               layer_numel=0, layer_bytes=0, param_dtype_bytes=element)
     sums = {name: float(getattr(recorder, name)) for name in tracer.SUMMED}
-    return tracer.Trace(events, facts, sums, {}, 0)
+    return tracer.Trace(events, facts, {**flops, **sums}, {}, 0)
 
 
 def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
@@ -112,7 +142,7 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
     one (latent pixels, times frames for video)."""
     from tunecast.estimate.profile import profile_from_trace, replay
 
-    trace = trace_diffusion_step(pipeline, settings, shape)
+    trace = traced_step(pipeline, settings, shape, count_flops=False)
     cuda = device == "cuda"
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
@@ -188,6 +218,75 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
 
 
+# The largest side the resolution limit considers, in pixels: past every catalog pipeline's training sizes.
+MAX_SIDE = 4096
+# The largest micro-batch the batch limit considers, in images (or clips).
+MAX_IMAGES = 1024
+
+
+def resolution_step(pipeline: Pipeline) -> int:
+    """The pixels a side must be a multiple of: the VAE's downsampling, twice that for FLUX (its latents are packed
+    in 2 × 2 patches)."""
+    return pipeline.vae_scale * (2 if pipeline.family == "flux" else 1)
+
+
+@dataclass(frozen=True)
+class DiffusionLimits:
+    """How far the run's shape can go on a GPU: each limit verified to fit, and the next value verified not to."""
+
+    max_micro_batch: int  # images (clips) per step at the run's resolution; 0 when not one fits
+    max_resolution: int  # the largest square side in pixels at the run's micro-batch (a multiple of `step`); 0: none
+    step: int  # resolution_step
+
+    def as_dict(self) -> dict[str, int]:
+        return {"max_micro_batch": self.max_micro_batch, "max_resolution": self.max_resolution,
+                "resolution_step": self.step}
+
+
+def diffusion_limits(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tuple[Overhead, ...]) -> DiffusionLimits:
+    """The largest micro-batch at the run's resolution and the largest square resolution at its micro-batch that
+    fit `gpu`, solved, not searched: a step's allocations grow linearly with the pixels of its batch (every tensor
+    of a convolution or attention over the latents: measured on SD 1.5, where the peak per image and per pixel are
+    the same slope within 0.1%), so the device total along the line through the run's trace and one at a micro-batch
+    more is solved for the GPU's capacity, then checked by traces on both sides of the answer (fit._solved: the
+    answer fits, the next value does not), the gap to the line corrected after each check."""
+    from tunecast.estimate.fit import _solved
+
+    settings = diffusion_settings(spec)
+    asked = diffusion_shape(spec, pipeline)
+    capacity = gpu.usable_memory_gib
+
+    def estimate(shape: DiffusionShape) -> MemoryEstimate:
+        return estimate_diffusion_memory(pipeline, settings, shape, device="cuda", gpu=gpu, overheads=overheads)
+
+    def total(shape: DiffusionShape) -> float:
+        return estimate(shape).device_total_gib
+
+    def pixels(shape: DiffusionShape) -> int:
+        return shape.batch * shape.width * shape.height
+
+    # the slope of what is allocated, which is linear; the allocator's rounding on top is the gap the checks measure
+    step = resolution_step(pipeline)
+    at_asked = total(asked)
+    more = replace(asked, batch=asked.batch + 1)
+    slope = (estimate(more).peak_allocated_gib - estimate(asked).peak_allocated_gib) / (pixels(more) - pixels(asked))
+
+    def line(shape: DiffusionShape) -> float:
+        return at_asked + slope * (pixels(shape) - pixels(asked))
+
+    def batched(n: int) -> DiffusionShape:
+        return replace(asked, batch=n)
+
+    def square(k: int) -> DiffusionShape:
+        return replace(asked, width=k * step, height=k * step)
+
+    batch = _solved(lambda n: total(batched(n)), lambda n: line(batched(n)), (asked.batch, at_asked), capacity,
+                    1, MAX_IMAGES)
+    known = (asked.width // step, at_asked) if asked.width == asked.height else (0, 0.0)  # (0, …): none known
+    side = _solved(lambda k: total(square(k)), lambda k: line(square(k)), known, capacity, 1, MAX_SIDE // step)
+    return DiffusionLimits(max(batch, 0), max(side, 0) * step, step)
+
+
 @dataclass(frozen=True)
 class DiffusionAnswer:
     """A diffusion run's memory, and on a named GPU whether it fits and what would make it fit."""
@@ -197,6 +296,7 @@ class DiffusionAnswer:
     estimate: MemoryEstimate
     gpu: Gpu | None
     suggestions: tuple[Suggestion, ...] = ()
+    limits: DiffusionLimits | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -223,7 +323,8 @@ class DiffusionAnswer:
                              "fits_at_edge": self.at_edge, "reserved_on_gpu_gib": round(reserved, 3),
                              "device_total_on_gpu_gib": round(device_total, 3),
                              "headroom_gib": round(capacity - self.estimate.device_total_gib, 3),
-                             "suggestions": [suggestion.as_dict() for suggestion in self.suggestions]})
+                             "suggestions": [suggestion.as_dict() for suggestion in self.suggestions],
+                             **(self.limits.as_dict() if self.limits is not None else {})})
         return document
 
 
@@ -274,4 +375,9 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                                          gpu=gpu, overheads=overheads)
     fits = gpu is None or estimate.device_total_gib <= gpu.usable_memory_gib
     suggestions = () if fits or gpu is None else _suggestions(spec, pipeline, gpu, overheads, trace_suggestions)
-    return DiffusionAnswer(pipeline, shape, estimate, gpu, suggestions)
+    limits = None
+    if gpu is not None:
+        progress.progress(f"solving the largest micro-batch and resolution that fit {gpu.slug}: each check a trace "
+                          "of its own, about 5-10 traces")
+        limits = diffusion_limits(spec, pipeline, gpu, overheads)
+    return DiffusionAnswer(pipeline, shape, estimate, gpu, suggestions, limits)
