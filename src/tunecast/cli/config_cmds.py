@@ -55,7 +55,7 @@ def hub_access(offline: bool) -> HubAccess:
     return HubAccess(offline, progress=lambda text: estimate_line("progress", text))
 
 
-def print_imported(loaded: LoadedSpec) -> None:
+def print_imported(loaded: LoadedSpec | LoadedPipeline) -> None:
     """Under a command's output: what was not carried over from the other tool's config, and the approximations."""
     imported = loaded.imported
     if imported is None:

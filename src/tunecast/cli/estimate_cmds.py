@@ -86,6 +86,7 @@ def memory_command(
 def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str, json_output: bool,
                       check: bool, trace_suggestions: bool) -> int:
     """`tunecast memory` of a diffusion pipeline (docs/diffusion.md): its traced step, and on a GPU whether it fits."""
+    from tunecast.config.load import imported_part
     from tunecast.estimate.diffusion import answer_diffusion_memory
 
     spec = loaded.spec
@@ -94,15 +95,19 @@ def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str
                                          device=device, trace_suggestions=trace_suggestions)
     estimate = answer.estimate
     if json_output:
-        print_json(answer.as_dict(spec))
+        runner = {"runner": spec.runner, "runner_notes": list(loaded.runner_notes)} if loaded.runner_notes else {}
+        print_json({**answer.as_dict(spec), **runner, **imported_part(loaded)})
     else:
         method = spec.method if spec.method == "full" else f"{spec.method} r{spec.lora.rank}"
         shape = answer.shape
         frames = f" × {shape.frames} frames" if loaded.pipeline.video else ""
         out.print(f"[bold]{escape(loaded.pipeline.name)}[/] ({loaded.pipeline.classes[loaded.pipeline.denoiser]}) · "
                   f"{method} · {spec.precision} · {spec.optimizer} · {shape.batch} × {shape.width}×{shape.height} px"
-                  f"{frames} · {'checkpointing' if spec.grad_checkpointing is True else 'no checkpointing'}")
+                  f"{frames} · {'checkpointing' if spec.grad_checkpointing is True else 'no checkpointing'}"
+                  f"{'' if spec.runner == 'tunecast' else f' · as {spec.runner} runs it'}")
         _memory_table(estimate)
+        for note in loaded.runner_notes:
+            out.print(f"[dim]· {escape(note)}[/]")
         if answer.gpu is not None:
             capacity = answer.gpu.usable_memory_gib
             headroom = capacity - estimate.device_total_gib
@@ -119,6 +124,7 @@ def _diffusion_memory(ctx: typer.Context, loaded: LoadedPipeline, *, device: str
                              f"none (not even {limits.step} px)"))
             _suggestion_table(answer.suggestions, "tracing each takes 10-30 s (--trace-suggestions)")
         print_problems(list(loaded.warnings))
+        print_imported(loaded)
     if check and answer.fits is False and not answer.at_edge:
         slug = answer.gpu.slug if answer.gpu is not None else ""
         err.print(f"does not fit: {estimate.device_total_gib:.2f} GiB per GPU on {slug}")

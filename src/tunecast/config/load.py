@@ -17,10 +17,11 @@ from tunecast.catalog.models import ModelConfig, bnb_bits
 from tunecast.catalog.resolve import resolve_model
 from tunecast.catalog.store import Catalog
 from tunecast.config.checks import catalog_problems, cross_field_problems, model_problems
+from tunecast.config.diffusion_runner import apply_diffusion_runner, diffusion_runner_notes
 from tunecast.config.messages import all_keys, dotted, model_at, problem_from_error
 from tunecast.config.prequantized import Prequantized, by_name, prequantized, unquantized_name
 from tunecast.config.runner import apply_runner
-from tunecast.config.spec import TEXT_KEYS, RunSpec
+from tunecast.config.spec import DIFFUSION_RUNNERS, TEXT_KEYS, RunSpec
 from tunecast.errors import ConfigError, Problem, TunecastError
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class LoadedPipeline:
     pipeline: Pipeline
     gpu: Gpu | None
     warnings: tuple[Problem, ...] = field(default=())
+    imported: Imported | None = None  # the other tool's config it was read from (`--from`)
+    runner_notes: tuple[str, ...] = ()  # its runner's defaults applied, with their sources (config/diffusion_runner.py)
 
 
 def overrides_from(values: Mapping[str, Any]) -> list[Override]:
@@ -168,7 +171,11 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
 
     spec, field_problems = _validate(raw, locate)
     problems.extend(field_problems)
-    if spec is not None and spec.runner != "tunecast":
+    runner_notes: tuple[str, ...] = ()
+    if spec is not None and spec.runner in DIFFUSION_RUNNERS:
+        spec, applied = apply_diffusion_runner(spec)
+        runner_notes = tuple(diffusion_runner_notes(spec, applied))
+    elif spec is not None and spec.runner != "tunecast":
         spec = apply_runner(spec)
     model: ModelConfig | None = None
     pipeline: Pipeline | None = None
@@ -185,6 +192,11 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                                         "and `plan` estimate; this command does not take one yet (docs/diffusion.md)",
                                         "run tunecast memory --model ... --resolution PIXELS",
                                         location=locate("model")))
+        elif spec.model != _MISSING_MODEL and spec.runner in DIFFUSION_RUNNERS:
+            problems.append(Problem("runner", f"{spec.runner} trains diffusion pipelines, and {spec.model} is not "
+                                    "one (a diffusers folder with model_index.json, or a pipeline of the catalog)",
+                                    "give a diffusion pipeline as model, or a language model's runner (trl, axolotl, "
+                                    "…; docs/runners.md)", location=locate("runner")))
         elif spec.model != _MISSING_MODEL:
             model_dir = base_dir if origins.get("model", "").startswith("line") else None
             try:
@@ -208,7 +220,8 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
     errors = [p for p in problems if p.severity == "error"]
     warnings = tuple(p for p in problems if p.severity == "warning")
     if not errors and spec is not None and pipeline is not None:
-        return LoadedPipeline(spec=spec, source=source, pipeline=pipeline, gpu=gpu, warnings=warnings)
+        return LoadedPipeline(spec=spec, source=source, pipeline=pipeline, gpu=gpu, warnings=warnings,
+                              imported=imported, runner_notes=runner_notes)
     if errors or spec is None or model is None:
         raise ConfigError(source, problems)
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
@@ -224,8 +237,13 @@ def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline |
     unsupported = [
         ("method", spec.method == "qlora", "QLoRA of a diffusion model is not modelled yet",
          "use method: lora or full"),
-        ("runner", spec.runner != "tunecast", "other tools' diffusion steps are not modelled yet",
-         "leave runner out (diffusers' training examples' step)"),
+        ("runner", spec.runner not in ("tunecast", *DIFFUSION_RUNNERS), f"{spec.runner} trains language models",
+         f"use a diffusion runner ({', '.join(DIFFUSION_RUNNERS)}), or leave runner out (diffusers' examples' step)"),
+        ("diffusion.base_8bit", spec.diffusion.base_8bit and spec.method == "full",
+         "8-bit frozen weights are for LoRA: full fine-tuning trains every weight", "use method: lora"),
+        ("diffusion.base_8bit", spec.diffusion.base_8bit and spec.precision == "fp32",
+         "8-bit frozen weights are upcast by mixed precision's autocast, which fp32 does not run (kohya asserts "
+         "it, train_network.py L831-833)", "set precision: bf16-mixed (or fp16-mixed)"),
         ("gpus.count", spec.gpus.count > 1, "a diffusion step is estimated on one GPU only for now",
          "set gpus.count: 1"),
         ("gpus.offload", spec.gpus.offload != "none", "offloading a diffusion model is not modelled yet",
@@ -279,7 +297,7 @@ def _prequantized_problem(found: Prequantized, name: str, catalog: Catalog, loca
     return Problem("model", found.message(), found.hint(suggestion), location=locate("model"))
 
 
-def imported_part(loaded: LoadedSpec) -> dict[str, Any]:
+def imported_part(loaded: LoadedSpec | LoadedPipeline) -> dict[str, Any]:
     """For a `--json` document of a run read `--from` another tool: where it came from, what each of its keys set,
     and `unmapped_keys`, every key not carried over with the reason; {} for a tunecast config."""
     if loaded.imported is None:

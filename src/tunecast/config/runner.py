@@ -340,6 +340,11 @@ def transformers_entry(spec: RunSpec) -> Runner:
 
 def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
     """(key, what is wrong, how to fix) for a version `spec` names that no entry knows; None when all are known."""
+    if spec.runner not in RUNNERS:  # a diffusion pipeline's runner (config/diffusion_runner.py): no versions
+        if spec.runner_version is not None:
+            return ("runner_version", f"{spec.runner} is read at one version only (docs/diffusion.md)",
+                    "remove runner_version")
+        return None
     if spec.runner_version is not None and spec.runner == "tunecast":
         return ("runner_version", "names a version of another tool, and runner is tunecast (this version's own step)",
                 "set runner to the tool that version is of (trl, hf-trainer, axolotl, …), or remove runner_version")
@@ -365,7 +370,10 @@ def version_problem(spec: RunSpec) -> tuple[str, str, str] | None:
 
 
 def runner_defaults(spec: RunSpec) -> dict[str, Any]:
-    """The keys `spec`'s runner (at its `runner_version`) sets because the config left them unset."""
+    """The keys `spec`'s runner (at its `runner_version`) sets because the config left them unset; {} for a
+    diffusion pipeline's runner (config/diffusion_runner.py applies those)."""
+    if spec.runner not in RUNNERS:
+        return {}
     try:
         entry = runner_entry(spec)
     except UnknownVersion:  # reported by the config checks; no defaults from a version nobody knows

@@ -29,7 +29,12 @@ Attention = Literal["sdpa", "flash", "eager"]
 Loss = Literal["standard", "chunked"]
 # The training tools whose steps tunecast estimates; config/runner.py says how each differs (a test keeps the two
 # lists equal).
-Runner = Literal["tunecast", "hf-trainer", "trl", "axolotl", "llamafactory", "unsloth", "torchtune"]
+Runner = Literal["tunecast", "hf-trainer", "trl", "axolotl", "llamafactory", "unsloth", "torchtune",
+                 "diffusers", "kohya", "simpletuner", "ai-toolkit"]
+# The runners of diffusion pipelines (config/diffusion_runner.py); the others run language models.
+DIFFUSION_RUNNERS = ("diffusers", "kohya", "simpletuner", "ai-toolkit")
+# Which LoRA layers of a diffusion denoiser are adapted where `lora.targets` does not list them (step/diffusion.py).
+LoraLayers = Literal["examples", "attention", "blocks"]
 Schedule = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 Strategy = Literal["ddp", "fsdp", "fsdp-grad-op", "zero1", "zero2", "zero3"]
 # DeepSpeed's stages: estimated as DeepSpeed allocates them (estimate/deepspeed.py) for the tools that run it through
@@ -389,6 +394,21 @@ class DiffusionSpec(_Section):
     repeats: PositiveInt = 1
     """How many times each image is seen per epoch (kohya's folder repeats: 10 images × 20 repeats is an epoch of
     200). Default 1."""
+
+    vae_fp32: bool | None = None
+    """The frozen VAE kept in fp32 whatever the weight dtype (kohya's `no_half_vae`). Default: as diffusers' example
+    for the model does (fp32 for SDXL and SD3, "to avoid NaN losses"; the weight dtype otherwise)."""
+
+    base_8bit: bool = False
+    """The frozen denoiser's and text encoders' linear weights stored in 8 bits (float8) and upcast layer by layer
+    in the forward pass: kohya's `fp8_base`, ai-toolkit's `quantize` (optimum-quanto qfloat8). Not with full
+    fine-tuning. Default false."""
+
+    lora_layers: LoraLayers = "examples"
+    """The denoiser's layers LoRA adapts where `lora.targets` does not list them: `examples` (diffusers' training
+    examples' targets for the model), `attention` (the attention projections only, joint attention's included),
+    `blocks` (every linear layer of the transformer blocks, as kohya's and ai-toolkit's networks do). Default
+    `examples`."""
 
 
 class RunSpec(_Section):

@@ -196,11 +196,13 @@ DEFAULT_RESOLUTION = 1024
 
 
 def diffusion_settings(spec: RunSpec) -> DiffusionSettings:
-    """The step's settings from the run's: LoRA's rank, alpha and targets (`all-linear`: the examples' targets)."""
+    """The step's settings from the run's: LoRA's rank, alpha and targets (`all-linear`: those of
+    `diffusion.lora_layers`), the VAE's dtype and the frozen weights' 8-bit storage."""
     targets = None if isinstance(spec.lora.targets, str) else tuple(spec.lora.targets)
     return DiffusionSettings(method=spec.method, precision=spec.precision, optimizer=spec.optimizer,
                              grad_checkpointing=spec.grad_checkpointing is True, lora_rank=spec.lora.rank,
-                             lora_alpha=spec.lora.alpha, lora_targets=targets)
+                             lora_alpha=spec.lora.alpha, lora_targets=targets, lora_layers=spec.diffusion.lora_layers,
+                             vae_fp32=spec.diffusion.vae_fp32, base_8bit=spec.diffusion.base_8bit)
 
 
 def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:

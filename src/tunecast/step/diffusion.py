@@ -30,6 +30,25 @@ LORA_TARGETS = {
              "attn.add_v_proj", "attn.to_add_out", "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj",
              "ff_context.net.2"),
 }
+# The attention projections only (joint attention's included): SimpleTuner's targets (its SDXL
+# DEFAULT_LORA_TARGET and flux_lora_target "all", helpers/models/sdxl/model.py L57, flux/model.py L1249-1261).
+ATTENTION_TARGETS = {
+    "unet": LORA_TARGETS["unet"], "unet3d": LORA_TARGETS["unet3d"], "sd3": LORA_TARGETS["sd3"],
+    "flux": ("attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "attn.add_k_proj", "attn.add_q_proj",
+             "attn.add_v_proj", "attn.to_add_out"),
+}
+# Every linear layer of the transformer blocks, as kohya's networks (networks/lora.py L867: every Linear and 1 × 1
+# Conv2d inside a UNet's Transformer2DModel; networks/lora_flux.py L709-710: every Linear of FLUX's double and single
+# blocks) and ai-toolkit's (toolkit/lora_special.py: the transformer blocks' Linear layers) adapt them, in diffusers'
+# names. FLUX's `proj_out` also names the model's last projection outside the blocks: one layer more than theirs.
+BLOCK_TARGETS = {
+    "unet": (*LORA_TARGETS["unet"], "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2"),
+    "unet3d": (*LORA_TARGETS["unet3d"], "proj_in", "proj_out", "ff.net.0.proj", "ff.net.2"),
+    "sd3": (*LORA_TARGETS["sd3"], "ff.net.0.proj", "ff.net.2", "ff_context.net.0.proj", "ff_context.net.2",
+            "norm1.linear", "norm1_context.linear"),
+    "flux": (*LORA_TARGETS["flux"], "norm1.linear", "norm1_context.linear", "norm.linear", "proj_mlp", "proj_out"),
+}
+_TARGETS_OF_LAYERS = {"examples": LORA_TARGETS, "attention": ATTENTION_TARGETS, "blocks": BLOCK_TARGETS}
 # FLUX.1 and SD3 encode with T5 at these lengths (diffusers' FluxPipeline and StableDiffusion3Pipeline defaults).
 T5_TOKENS = {"flux-dev": 512, "flux-schnell": 256, "sd3": 256}
 
@@ -44,7 +63,28 @@ class DiffusionSettings:
     grad_checkpointing: bool = False
     lora_rank: int = 4  # diffusers' examples' default (--rank 4)
     lora_alpha: int = 4
-    lora_targets: tuple[str, ...] | None = None  # None: the examples' targets for the model (LORA_TARGETS)
+    lora_targets: tuple[str, ...] | None = None  # None: those of `lora_layers` for the model
+    lora_layers: str = "examples"  # examples | attention | blocks (LORA_TARGETS, ATTENTION_TARGETS, BLOCK_TARGETS)
+    vae_fp32: bool | None = None  # None: as diffusers' example for the model (vae_dtype)
+    base_8bit: bool = False  # frozen linear weights stored in float8, upcast layer by layer under autocast
+
+
+def lora_targets(pipeline: Pipeline, settings: DiffusionSettings) -> tuple[str, ...]:
+    """The module names LoRA adapts in the denoiser: the settings' own, else those of their `lora_layers`."""
+    return settings.lora_targets or _TARGETS_OF_LAYERS[settings.lora_layers][pipeline.family]
+
+
+def _store_8bit(model: Any) -> None:
+    """The frozen linear weights of `model` stored in float8 (e4m3): autocast upcasts each to the compute dtype as its
+    layer runs, which is how kohya's fp8_base trains (train_network.py L829-851: the U-Net cast to float8_e4m3fn,
+    mixed precision required) and the memory of optimum-quanto's qfloat8 weights, dequantized layer by layer, that
+    ai-toolkit's `quantize` makes (its per-channel scales not counted)."""
+    import torch
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, torch.nn.Linear) and weight is not None and not weight.requires_grad:
+            module.weight.data = weight.data.to(torch.float8_e4m3fn)
 
 
 @contextlib.contextmanager
@@ -82,12 +122,14 @@ def weight_dtype(settings: DiffusionSettings) -> Any:
 
 
 def vae_dtype(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
-    """The VAE's dtype: fp32 for SDXL and SD3 whatever the weight dtype, "to avoid NaN losses" (diffusers'
-    train_dreambooth_lora_sdxl.py L1181, train_dreambooth_lora_sd3.py L1237); the weight dtype otherwise."""
+    """The VAE's dtype: fp32 where the settings say (`vae_fp32`); where they do not, as diffusers' examples: fp32 for
+    SDXL and SD3 whatever the weight dtype, "to avoid NaN losses" (train_dreambooth_lora_sdxl.py L1181,
+    train_dreambooth_lora_sd3.py L1237), the weight dtype otherwise."""
     import torch
 
     sdxl = pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
-    return torch.float32 if sdxl or pipeline.family == "sd3" else weight_dtype(settings)
+    fp32 = settings.vae_fp32 if settings.vae_fp32 is not None else sdxl or pipeline.family == "sd3"
+    return torch.float32 if fp32 else weight_dtype(settings)
 
 
 def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> Any:
@@ -105,13 +147,15 @@ def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str 
     if settings.method == "lora":
         model.to(frozen)
         model.requires_grad_(False)
-        targets = list(settings.lora_targets or LORA_TARGETS[pipeline.family])
+        targets = list(lora_targets(pipeline, settings))
         model = inject_adapter_in_model(LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
                                                    init_lora_weights="gaussian", target_modules=targets), model)
         for name, parameter in model.named_parameters():
             if "lora_" in name:  # the examples' cast_training_params: adapters in fp32
                 parameter.data = parameter.data.float()
                 parameter.requires_grad_(True)
+        if settings.base_8bit:
+            _store_8bit(model)
     else:
         model.to(trained)
         model.requires_grad_(True)
@@ -157,6 +201,8 @@ def build_text_encoders(pipeline: Pipeline, settings: DiffusionSettings, device:
             encoder = getattr(transformers, pipeline.classes[name])(config)
         encoder.to(weight_dtype(settings))
         encoder.requires_grad_(False)
+        if settings.base_8bit:  # kohya's fp8_base and ai-toolkit's quantize_te (its default: quantize) store them too
+            _store_8bit(encoder)
         encoders.append(encoder)
     return encoders
 

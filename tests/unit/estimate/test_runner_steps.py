@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from tests.models import tiny_llama
 
+from tunecast.config.diffusion_runner import DIFFUSION_RUNNERS
 from tunecast.config.runner import RUNNERS, apply_runner, runner_defaults
 from tunecast.config.spec import Runner, RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
@@ -30,7 +31,7 @@ def settings_of(**spec: Any) -> TraceSettings:
 
 
 def test_every_runner_of_the_config_has_a_profile_and_known_variants() -> None:
-    assert tuple(RUNNERS) == get_args(Runner)
+    assert (*RUNNERS, *DIFFUSION_RUNNERS) == get_args(Runner)  # a pipeline's runners: config/diffusion_runner.py
     for runner in RUNNERS.values():
         for method in ("full", "lora", "qlora"):
             for precision in ("bf16", "bf16-mixed", "fp32"):
