@@ -140,8 +140,9 @@ def spec_command(function: Callable[..., Any] | None = None, *,
         annotation=Annotated[tuple[str, Path] | None, typer.Option(
             "--from", metavar="TOOL FILE", rich_help_panel=PANEL,
             help="Read the run from another tool's config instead of a tunecast one: axolotl, llamafactory, trl (a "
-                 "`trl sft --config` file) or torchtune (a recipe config). Its runner is estimated; every key "
-                 "not carried over is listed with the reason.")],
+                 "`trl sft --config` file) or torchtune (a recipe config); for a diffusion pipeline kohya (sd-scripts' "
+                 "TOML) or ai-toolkit. Its runner is estimated; every key not carried over is listed with the "
+                 "reason.")],
     ))
     extra.append(inspect.Parameter(
         "offline", inspect.Parameter.KEYWORD_ONLY, default=False,

@@ -193,10 +193,11 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                                         "run tunecast memory --model ... --resolution PIXELS",
                                         location=locate("model")))
         elif spec.model != _MISSING_MODEL and spec.runner in DIFFUSION_RUNNERS:
-            problems.append(Problem("runner", f"{spec.runner} trains diffusion pipelines, and {spec.model} is not "
-                                    "one (a diffusers folder with model_index.json, or a pipeline of the catalog)",
-                                    "give a diffusion pipeline as model, or a language model's runner (trl, axolotl, "
-                                    "…; docs/runners.md)", location=locate("runner")))
+            problems.append(Problem("model", f"{spec.model} is not a diffusion pipeline tunecast reads (one of the "
+                                    f"catalog's, or a folder diffusers saved with model_index.json), which runner "
+                                    f"{spec.runner} trains", "give the pipeline, for example --set model=stabilityai/"
+                                    "stable-diffusion-xl-base-1.0 (`tunecast models` lists the catalog's), or a "
+                                    "language model's runner (docs/runners.md)", location=locate("model")))
         elif spec.model != _MISSING_MODEL:
             model_dir = base_dir if origins.get("model", "").startswith("line") else None
             try:
