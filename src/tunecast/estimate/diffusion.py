@@ -17,7 +17,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
-from tunecast.estimate.fit import Suggestion
+from tunecast.estimate.fit import Suggestion, _solved
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
@@ -252,7 +252,6 @@ def diffusion_limits(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tup
     the same slope within 0.1%), so the device total along the line through the run's trace and one at a micro-batch
     more is solved for the GPU's capacity, then checked by traces on both sides of the answer (fit._solved: the
     answer fits, the next value does not), the gap to the line corrected after each check."""
-    from tunecast.estimate.fit import _solved
 
     settings = diffusion_settings(spec)
     asked = diffusion_shape(spec, pipeline)

@@ -204,7 +204,7 @@ class DiffusionPlanner:
         capacity = gpu.usable_memory_gib * (1 - spec.plan.memory_margin)
         micro_batches = [spec.micro_batch] if spec.fixed("micro_batch") else divisors(batch)
         assert all(isinstance(n, int) for n in micro_batches)
-        if spec.fixed("micro_batch") and batch % int(spec.micro_batch):  # type: ignore[call-overload]
+        if spec.fixed("micro_batch") and batch % int(spec.micro_batch):
             return f"micro_batch {spec.micro_batch} does not divide the global batch of {batch} images"
         checkpointing = [spec.grad_checkpointing is True] if spec.fixed("grad_checkpointing") else [False, True]
         smallest: float | None = None
@@ -283,11 +283,11 @@ def plan_diffusion(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, catalog: 
         return (2,)
 
     ranked = sorted(kept, key=key)
-    shape: DiffusionShape = diffusion_shape(spec, pipeline)
+    asked: DiffusionShape = diffusion_shape(spec, pipeline)
     return {"model": pipeline.name, "pipeline": pipeline.pipeline_class,
             "denoiser": pipeline.classes[pipeline.denoiser], "method": spec.method, "precision": spec.precision,
-            "optimizer": spec.optimizer, "width": shape.width, "height": shape.height,
-            "frames": shape.frames if pipeline.video else None, "dataset": workload.as_dict(),
+            "optimizer": spec.optimizer, "width": asked.width, "height": asked.height,
+            "frames": asked.frames if pipeline.video else None, "dataset": workload.as_dict(),
             "global_batch": planner.global_batch(), "steps": workload.steps(planner.global_batch()),
             "optimize": optimize, "budget_usd": budget_usd, "deadline_hours": deadline_hours,
             "filtered_out": len(options) - len(kept), "options": [option.as_dict() for option in ranked]}

@@ -31,8 +31,8 @@ _EIGHT_BIT = ("qfloat8", "float8", "qint8", "int8", "uint8")
 def read(path: Path) -> Imported:
     """`path`'s ai-toolkit job as a tunecast config (runner ai-toolkit), with every key accounted for."""
     m, data = mp.start("ai-toolkit", LABEL, path)
-    config = data.get("config")
-    processes = config.get("process") if isinstance(config, dict) else None
+    config: dict[str, Any] = data["config"] if isinstance(data.get("config"), dict) else {}
+    processes = config.get("process")
     if not isinstance(processes, list) or not processes or not isinstance(processes[0], dict):
         raise m.error("config.process", "holds no process: an ai-toolkit job lists its training process there",
                       "give an ai-toolkit training config (config/examples/train_lora_*.yaml)")
@@ -68,7 +68,7 @@ def _check(m: Mapper, process: dict[str, Any], prefix: str) -> None:
     if kind not in _TRAINERS:
         raise m.error(f"{prefix}.type", f"{kind!r} is not a training process ({', '.join(_TRAINERS)}): tunecast "
                       "estimates training", "give an ai-toolkit training config (type: sd_trainer)")
-    network = process.get("network") if isinstance(process.get("network"), dict) else None
+    network: dict[str, Any] | None = process["network"] if isinstance(process.get("network"), dict) else None
     if network is None:
         raise m.error(f"{prefix}.network", "is missing: a process without a network trains every weight, which "
                       "tunecast reads from ai-toolkit's LoRA configs only", "add network: {type: lora, linear: 16}")
@@ -78,11 +78,11 @@ def _check(m: Mapper, process: dict[str, Any], prefix: str) -> None:
     if network.get("conv"):
         raise m.error(f"{prefix}.network.conv", "LoRA on the convolutions is not modelled",
                       "remove conv to estimate the linear layers' LoRA")
-    train = process.get("train") if isinstance(process.get("train"), dict) else {}
+    train: dict[str, Any] = process["train"] if isinstance(process.get("train"), dict) else {}
     if train.get("train_text_encoder"):
         raise m.error(f"{prefix}.train.train_text_encoder", "training the text encoders is not modelled",
                       "set train_text_encoder: false to estimate the denoiser's LoRA")
-    model = process.get("model") if isinstance(process.get("model"), dict) else {}
+    model: dict[str, Any] = process["model"] if isinstance(process.get("model"), dict) else {}
     for key in ("layer_offloading", "auto_memory"):
         if model.get(key):
             raise m.error(f"{prefix}.model.{key}", "moving layers to the CPU is not modelled",

@@ -11,10 +11,14 @@ max_train_steps 1600, learning_rate 2e-6 (library/train_util.py L3900, L3952, L3
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: the same parser, published as tomli
+    import tomli as tomllib
 
 from tunecast.config.imported import Imported
 from tunecast.errors import TunecastError

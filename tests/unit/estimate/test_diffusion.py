@@ -149,8 +149,37 @@ def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_ref
     assert refused.code == 2
     assert all(key in refused.stderr for key in ("method", "diffusion.resolution", "micro_batch"))
     assert "Traceback" not in refused.stderr
-    planned = cli("plan", "--model", folder)
-    assert planned.code == 2 and "diffusion pipeline" in planned.stderr
+    assert {"max_micro_batch", "max_resolution", "resolution_step"} <= set(document)
+    calibrated = cli("plan", "--model", folder, "--calibration", str(tmp_path / "c.json"))
+    assert calibrated.code == 2 and "--calibration" in calibrated.stderr and "Traceback" not in calibrated.stderr
+    trained = cli("train", "--model", folder)
+    assert trained.code == 2 and "diffusion pipeline" in trained.stderr
+
+
+def test_the_largest_micro_batch_and_resolution_that_fit_are_verified_on_both_sides(tmp_path: Path) -> None:
+    """`--gpu`'s limits of a pipeline: the micro-batch returned fits the GPU and the next (within the solver's 1%) does
+    not, at the run's resolution; the square side returned fits and the next multiple of the latents' step does not,
+    at the run's micro-batch; each checked here by an estimate of its own."""
+    from tunecast.config.spec import RunSpec
+    from tunecast.estimate.diffusion import diffusion_limits
+    from tunecast.estimate.fit import SOLVE_TOLERANCE
+
+    folder = str(tiny_pipeline(tmp_path))
+    pipeline = load_pipeline(folder)
+    catalog = load_catalog(None)
+    small = catalog.gpus.get("rtx-4090").model_copy(update={"usable_memory_gib": 0.56, "memory_gib": 0.56})
+    spec = RunSpec.model_validate({"model": folder, "method": "full", "micro_batch": 2,
+                                   "diffusion": {"resolution": 64}})
+    limits = diffusion_limits(spec, pipeline, small, catalog.overheads)
+    assert limits.step == 8 and 2 < limits.max_micro_batch < 1024 and 64 < limits.max_resolution < 4096
+
+    def total(batch: int, side: int) -> float:
+        return estimate_diffusion_memory(pipeline, DiffusionSettings(method="full"), DiffusionShape(batch, side, side),
+                                         device="cuda", gpu=small, overheads=catalog.overheads).device_total_gib
+
+    batch, side = limits.max_micro_batch, limits.max_resolution
+    assert total(batch, 64) <= 0.56 < total(batch + 1 + int(batch * SOLVE_TOLERANCE), 64)
+    assert total(2, side) <= 0.56 < total(2, side + 8 * (1 + int(side // 8 * SOLVE_TOLERANCE)))
 
 
 def test_a_pipeline_that_does_not_fit_gets_the_changes_that_save_memory_each_traced_when_asked(tmp_path: Path) -> None:
