@@ -128,7 +128,8 @@ def _diffusion_plan(ctx: typer.Context, loaded: LoadedPipeline, request: Any, *,
 def _render_diffusion_plan(document: dict[str, Any], top: int) -> None:
     data = document["dataset"]
     frames = f" × {document['frames']} frames" if document["frames"] else ""
-    images = f"{data['images']:,} images × {data['repeats']} repeats × {data['epochs']:g} epochs" \
+    repeats = f" × {data['repeats']} repeats" if data["repeats"] > 1 else ""
+    images = f"{data['images']:,} images{repeats} × {data['epochs']:g} epochs" \
         if data["max_steps"] is None else f"{data['max_steps']:,} steps"
     out.print(f"[bold]{escape(document['model'])}[/] ({document['denoiser']}) · {document['method']} · "
               f"{document['precision']} · {document['width']}×{document['height']} px{frames} · {images} · global "

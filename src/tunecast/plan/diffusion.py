@@ -13,7 +13,9 @@ The model, term by term:
   depends on the card only through its cuBLAS workspace);
 * time of a micro-batch: the same trace's work on the card's roofline (plan/throughput.py's rates: its matmul rate for
   the matmuls and convolutions FlopCounterMode counts, its attention rate, the bytes of the memory-bound kernels at its
-  bandwidth, the host's dispatch where it exceeds the GPU's work); the optimizer's bytes once per optimizer step;
+  bandwidth), or the host's time issuing the step's operations where that is longer: a diffusers step at batch 1 is
+  host-bound on a fast card (SD 1.5 and SDXL take as long on an H100 as on an L40S), at the catalog's
+  `diffusion_op_dispatch_us` per operation; the optimizer's bytes once per optimizer step;
 * the run's cost: plan/cost.py's, as for a language model (startup reading the pipeline's weights, checkpoints of the
   trained weights and their optimizer states, spot preemptions).
 
@@ -118,6 +120,8 @@ def step_time(trace_flops: dict[str, float], spec: RunSpec, gpu: Gpu, catalog: C
     """One optimizer step of `grad_accum` micro-batches, each the traced step's work (`trace_flops`: the trace's
     counted FLOPs and bytes) on `gpu`'s roofline."""
     rates = _Rates.of(spec, gpu, catalog.throughput)
+    if rates.figures is None:  # a probed device keeps its measured overhead; else a diffusers step's (catalog)
+        rates = replace(rates, host_op_s=catalog.throughput.get("diffusion_op_dispatch_us") * 1e-6)
     device_s = (trace_flops.get("matmul", 0.0) / rates.matmul + rates.attention_seconds(
         trace_flops.get("attention", 0.0), 1) + rates.elementwise_seconds(trace_flops))
     host_s = rates.host_seconds(trace_flops.get("kernels", 0.0), device_s)
@@ -183,47 +187,62 @@ class DiffusionPlanner:
         return spec.global_batch or spec.micro_batch * spec.grad_accum
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
+        """The step's memory on `gpu`; its trace counts the step's work too (a pass more, cheaper than a trace again
+        for the shape the plan chooses)."""
         spec = self.spec.with_changes({"grad_checkpointing": checkpointing})
         shape = replace(diffusion_shape(spec, self.pipeline), batch=batch)
+        traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
         return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
                                          overheads=self.catalog.overheads)
 
-    def _screened(self, gpu: Gpu, batch: int, checkpointing: bool, capacity: float) -> bool:
-        """Whether `batch` may fit, along the line of what is allocated per image through the traces at 1 and 2: a
-        screen, the candidate chosen is traced exactly."""
-        if batch <= 2:
-            return True
-        one, two = self._estimate(gpu, 1, checkpointing), self._estimate(gpu, 2, checkpointing)
-        per_image = two.peak_allocated_gib - one.peak_allocated_gib
-        return two.device_total_gib + per_image * (batch - 2) <= capacity * 1.05
+    def _fitting(self, gpu: Gpu, candidates: list[int], checkpointing: bool, capacity: float,
+                 ) -> tuple[int | None, float]:
+        """The largest of `candidates` that fits `gpu`, and the least device total seen. The largest is traced first;
+        where it does not fit, the smallest too, and the others are screened along the line of what is allocated
+        through those two (allocations grow linearly with the batch), each that passes traced exactly, largest
+        first: at most one trace more than two where the line holds."""
+        largest, smallest = max(candidates), min(candidates)
+        top = self._estimate(gpu, largest, checkpointing)
+        if top.device_total_gib <= capacity:
+            return largest, top.device_total_gib
+        if largest == smallest:
+            return None, top.device_total_gib
+        low = self._estimate(gpu, smallest, checkpointing)
+        per_image = (top.peak_allocated_gib - low.peak_allocated_gib) / (largest - smallest)
+        least = low.device_total_gib
+        for batch in sorted(candidates, reverse=True)[1:]:
+            if low.device_total_gib + per_image * (batch - smallest) > capacity:
+                continue
+            memory = self._estimate(gpu, batch, checkpointing)
+            if memory.device_total_gib <= capacity:
+                return batch, memory.device_total_gib
+        return None, least
 
     def configure(self, gpu: Gpu) -> DiffusionConfiguration | str:
-        """The fastest batch shape on `gpu` that fits, or why none does."""
+        """The fastest batch shape on `gpu` that fits (the largest micro-batch, without checkpointing where one fits
+        so), or why none does."""
         spec = self.spec
         batch = self.global_batch()
         capacity = gpu.usable_memory_gib * (1 - spec.plan.memory_margin)
-        micro_batches = [spec.micro_batch] if spec.fixed("micro_batch") else divisors(batch)
-        assert all(isinstance(n, int) for n in micro_batches)
-        if spec.fixed("micro_batch") and batch % int(spec.micro_batch):
+        fixed = spec.fixed("micro_batch")
+        if fixed and batch % int(spec.micro_batch):
             return f"micro_batch {spec.micro_batch} does not divide the global batch of {batch} images"
+        candidates = [int(spec.micro_batch)] if fixed else divisors(batch)
         checkpointing = [spec.grad_checkpointing is True] if spec.fixed("grad_checkpointing") else [False, True]
-        smallest: float | None = None
+        least = math.inf
         for check in checkpointing:
-            for micro in sorted((int(n) for n in micro_batches), reverse=True):  # the largest fits fastest
-                if not self._screened(gpu, micro, check, capacity):
-                    continue
-                memory = self._estimate(gpu, micro, check)
-                smallest = memory.device_total_gib if smallest is None else min(smallest, memory.device_total_gib)
-                if memory.device_total_gib > capacity:
-                    continue
-                settings = diffusion_settings(spec.with_changes({"grad_checkpointing": check}))
-                shape = replace(diffusion_shape(spec, self.pipeline), batch=micro)
-                flops = traced_step(self.pipeline, settings, shape, count_flops=True).flops
-                step = step_time(flops, spec, gpu, self.catalog, batch // micro)
-                hours = self.workload.steps(batch) * step.total_s / SECONDS_PER_HOUR
-                return DiffusionConfiguration(gpu, micro, batch // micro, check, memory, step, hours)
-        least = f": {smallest:.1f} GiB at least" if smallest is not None else ""
-        return f"does not fit in {capacity:.1f} GiB{least}"
+            micro, total = self._fitting(gpu, candidates, check, capacity)
+            least = min(least, total)
+            if micro is None:
+                continue
+            memory = self._estimate(gpu, micro, check)
+            settings = diffusion_settings(spec.with_changes({"grad_checkpointing": check}))
+            shape = replace(diffusion_shape(spec, self.pipeline), batch=micro)
+            flops = traced_step(self.pipeline, settings, shape, count_flops=True).flops
+            step = step_time(flops, spec, gpu, self.catalog, batch // micro)
+            hours = self.workload.steps(batch) * step.total_s / SECONDS_PER_HOUR
+            return DiffusionConfiguration(gpu, micro, batch // micro, check, memory, step, hours)
+        return f"does not fit in {capacity:.1f} GiB: {least:.1f} GiB at least"
 
     def run_shape(self, config: DiffusionConfiguration) -> RunShape:
         constants = self.catalog.throughput
