@@ -134,22 +134,37 @@ def vae_dtype(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
 
 def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> Any:
     """The denoiser as it is trained, on `device` (meta for a trace; a real device: random weights)."""
+    return adapt_denoiser(make_denoiser(pipeline, settings, device), pipeline, settings)
+
+
+def denoiser_dtype(settings: DiffusionSettings) -> Any:
+    """The dtype the denoiser's weights are built or loaded in: LoRA's frozen weight dtype, full training's."""
+    from tunecast.step.setup import param_dtype
+
+    return weight_dtype(settings) if settings.method == "lora" else param_dtype(settings.precision)
+
+
+def make_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str = "meta") -> Any:
+    """The denoiser built from its config in its dtype (`denoiser_dtype`), on `device`, before training changes it
+    (random weights drawn from torch's generator on a real device)."""
     import torch
-    from peft import LoraConfig, inject_adapter_in_model
+
+    quiet()
+    with torch.device(device), _default_dtype(denoiser_dtype(settings)):
+        return denoiser_class(pipeline).from_config(pipeline.configs[pipeline.denoiser])
+
+
+def adapt_denoiser(model: Any, pipeline: Pipeline, settings: DiffusionSettings) -> Any:
+    """`model` (built or loaded) as it is trained: LoRA's adapters in fp32 on frozen weights, or every weight
+    trained; gradient checkpointing when asked."""
+    from peft import inject_adapter_in_model
 
     from tunecast.step.setup import param_dtype
 
-    frozen = weight_dtype(settings)
-    trained = param_dtype(settings.precision)
-    quiet()
-    with torch.device(device), _default_dtype(frozen if settings.method == "lora" else trained):
-        model = denoiser_class(pipeline).from_config(pipeline.configs[pipeline.denoiser])
     if settings.method == "lora":
-        model.to(frozen)
+        model.to(weight_dtype(settings))
         model.requires_grad_(False)
-        targets = list(lora_targets(pipeline, settings))
-        model = inject_adapter_in_model(LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha,
-                                                   init_lora_weights="gaussian", target_modules=targets), model)
+        model = inject_adapter_in_model(lora_config(pipeline, settings), model)
         for name, parameter in model.named_parameters():
             if "lora_" in name:  # the examples' cast_training_params: adapters in fp32
                 parameter.data = parameter.data.float()
@@ -157,12 +172,20 @@ def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str 
         if settings.base_8bit:
             _store_8bit(model)
     else:
-        model.to(trained)
+        model.to(param_dtype(settings.precision))
         model.requires_grad_(True)
     model.train()
     if settings.grad_checkpointing:
         model.enable_gradient_checkpointing()
     return model
+
+
+def lora_config(pipeline: Pipeline, settings: DiffusionSettings) -> Any:
+    """The adapters' peft config: the examples' (gaussian initialisation, rank, alpha, targets)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, init_lora_weights="gaussian",
+                      target_modules=list(lora_targets(pipeline, settings)))
 
 
 def autocast_dtype(settings: DiffusionSettings) -> Any:
@@ -257,41 +280,101 @@ def latent_shape(pipeline: Pipeline, batch: int, height: int, width: int, frames
     return (batch, pipeline.latent_channels, *side)
 
 
-def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any) -> Any:
-    """The step's loss on `latents` (clean VAE latents in `dtype`): noise, a timestep and the conditioning made as
-    the training examples make them, the denoiser's prediction against the objective's target, in fp32."""
+@dataclass(frozen=True)
+class Conditioning:
+    """What the denoiser attends to besides the noisy latents, for one batch: the text encoders' hidden states, and
+    SDXL's pooled text embedding and size conditioning (`time_ids`), SD3's and FLUX's pooled embedding."""
+
+    states: Any  # (batch, text tokens, width)
+    pooled: Any | None = None  # (batch, width)
+    time_ids: Any | None = None  # (batch, 6)
+
+
+@dataclass(frozen=True)
+class NoiseSource:
+    """Where a step's noise and timesteps come from. `generator`: a torch.Generator the run seeds for each step, so a
+    resumed run draws the same (None: torch's global generator, as the tracer draws). `scheduler`: the pipeline's
+    DDPMScheduler, whose `add_noise` and `get_velocity` the UNet models train with (None: the plain sum of the same
+    tensors, which allocates what add_noise's result does and is all the tracer needs)."""
+
+    generator: Any | None = None
+    scheduler: Any | None = None
+
+    def normal(self, like: Any) -> Any:
+        import torch
+
+        if self.generator is None:
+            return torch.randn_like(like)
+        return torch.randn(like.shape, generator=self.generator, dtype=like.dtype, device=like.device)
+
+    def uniform(self, count: int, device: Any) -> Any:
+        import torch
+
+        return torch.rand(count, generator=self.generator, device=device)
+
+    def timesteps(self, count: int, device: Any) -> Any:
+        import torch
+
+        steps = int(self.scheduler.config.num_train_timesteps) if self.scheduler is not None else 1000
+        return torch.randint(0, steps, (count,), generator=self.generator, device=device)
+
+
+def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any, conditioning: Conditioning | None = None,
+                  source: NoiseSource | None = None) -> Any:
+    """The step's loss on `latents` (clean VAE latents in `dtype`): noise and a timestep drawn from `source`, the
+    denoiser's prediction under `conditioning` (zeros of its shape where None: the tracer's) against the objective's
+    target, in fp32. The objectives are diffusers' examples': for the UNet models the scheduler's noisy latents and
+    its target (the noise for `epsilon`, `get_velocity` for `v_prediction`); for SD3 and FLUX flow matching, a sigma
+    drawn uniformly (the examples' `weighting_scheme: none`), `(1 - sigma) latents + sigma noise` against
+    `noise - latents`."""
     import torch
 
+    draw = source or NoiseSource()
     batch = latents.shape[0]
     config = pipeline.configs[pipeline.denoiser]
-    noise = torch.randn_like(latents)
+    noise = draw.normal(latents)
     text = text_length(pipeline)
     if pipeline.family in ("sd3", "flux"):
-        sigmas = torch.rand(batch, device=latents.device).view(batch, 1, 1, 1)
+        sigmas = draw.uniform(batch, latents.device).view(batch, 1, 1, 1)
         noisy = (1.0 - sigmas) * latents + sigmas * noise
         target = noise - latents
         timesteps = sigmas.flatten() * 1000.0
-        states = torch.zeros(batch, text, int(config["joint_attention_dim"]), dtype=dtype, device=latents.device)
-        pooled = torch.zeros(batch, int(config["pooled_projection_dim"]), dtype=dtype, device=latents.device)
+        states = _states(conditioning, batch, text, int(config["joint_attention_dim"]), dtype, latents.device)
+        pooled = conditioning.pooled if conditioning is not None else \
+            torch.zeros(batch, int(config["pooled_projection_dim"]), dtype=dtype, device=latents.device)
         if pipeline.family == "sd3":
             prediction = model(hidden_states=noisy, encoder_hidden_states=states, pooled_projections=pooled,
                                timestep=timesteps, return_dict=False)[0]
         else:
             prediction = _flux_forward(model, config, noisy, states, pooled, timesteps)
     else:
-        timesteps = torch.randint(0, 1000, (batch,), device=latents.device)
-        noisy = latents + noise  # the scheduler's add_noise: a scaled sum, the same tensors
+        timesteps = draw.timesteps(batch, latents.device)
+        scheduler = draw.scheduler
+        noisy = scheduler.add_noise(latents, noise, timesteps) if scheduler is not None else latents + noise
         target = noise  # epsilon; v_prediction's velocity is a tensor of the same shape
-        states = torch.zeros(batch, text, int(config["cross_attention_dim"]), dtype=dtype, device=latents.device)
+        if scheduler is not None and pipeline.objective == "v_prediction":
+            target = scheduler.get_velocity(latents, noise, timesteps)
+        states = _states(conditioning, batch, text, int(config["cross_attention_dim"]), dtype, latents.device)
         extra: dict[str, Any] = {}
         if config.get("addition_embed_type") == "text_time":  # SDXL: the pooled text and the size conditioning
             time_ids = 6 * int(config["addition_time_embed_dim"])
             pooled = int(config["projection_class_embeddings_input_dim"]) - time_ids
             extra["added_cond_kwargs"] = {
-                "text_embeds": torch.zeros(batch, pooled, dtype=dtype, device=latents.device),
-                "time_ids": torch.zeros(batch, 6, dtype=dtype, device=latents.device)}
+                "text_embeds": conditioning.pooled if conditioning is not None else
+                torch.zeros(batch, pooled, dtype=dtype, device=latents.device),
+                "time_ids": conditioning.time_ids if conditioning is not None else
+                torch.zeros(batch, 6, dtype=dtype, device=latents.device)}
         prediction = model(noisy, timesteps, states, return_dict=False, **extra)[0]
     return torch.nn.functional.mse_loss(prediction.float(), target.float(), reduction="mean")
+
+
+def _states(conditioning: Conditioning | None, batch: int, tokens: int, width: int, dtype: Any, device: Any) -> Any:
+    """The text hidden states the denoiser attends to: the batch's, or zeros of their shape (the tracer's)."""
+    import torch
+
+    if conditioning is not None:
+        return conditioning.states
+    return torch.zeros(batch, tokens, width, dtype=dtype, device=device)
 
 
 def _flux_forward(model: Any, config: dict[str, Any], noisy: Any, states: Any, pooled: Any, timesteps: Any) -> Any:
@@ -309,3 +392,29 @@ def _flux_forward(model: Any, config: dict[str, Any], noisy: Any, states: Any, p
                        return_dict=False)[0]
     return prediction.reshape(batch, height // 2, width // 2, channels, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(
         batch, channels, height, width)
+
+
+def untrained_reason(pipeline: Pipeline) -> str | None:
+    """Why `tunecast train` cannot train this pipeline yet (None: it can). It trains the UNet models conditioned on
+    one CLIP text encoder (Stable Diffusion 1.x and 2.x, epsilon or v-prediction); SDXL's size conditioning, SD3's
+    and FLUX's text encoders (CLIP and T5) and video are not built yet."""
+    config = pipeline.configs[pipeline.denoiser]
+    if pipeline.family != "unet":
+        return f"training a {pipeline.classes[pipeline.denoiser]} is not built yet"
+    if config.get("addition_embed_type") is not None:
+        return "training SDXL's UNet (pooled text and size conditioning) is not built yet"
+    if len(pipeline.text_encoders) != 1:
+        return f"training with {len(pipeline.text_encoders)} text encoders is not built yet"
+    return None
+
+
+def encode_captions(tokenizer: Any, encoder: Any, captions: list[str]) -> Conditioning:
+    """The captions as the UNet attends to them, as diffusers' train_text_to_image.py makes them: token ids padded
+    and truncated to the tokenizer's `model_max_length`, the text encoder's last hidden state, without gradients."""
+    import torch
+
+    ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                    return_tensors="pt").input_ids
+    with torch.no_grad():
+        states = encoder(ids.to(encoder.device), return_dict=False)[0]
+    return Conditioning(states)
