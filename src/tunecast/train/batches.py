@@ -51,9 +51,15 @@ class TrainData:
 
     def epoch_order(self, seed: int, epoch: int) -> list[int]:
         """The units of `epoch` in the order they are trained: a permutation drawn from (seed, epoch) only."""
-        order = list(range(len(self.units)))
-        random.Random(seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        return epoch_order(len(self.units), seed, epoch)
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
+    """`count` items in the order `epoch` trains them: a permutation drawn from (seed, epoch) only (a diffusion
+    run's images too)."""
+    order = list(range(count))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
 
 
 def _unit(example: Tokenized) -> Unit:

@@ -70,6 +70,36 @@ class RunView(Protocol):
     def __call__(self, storage: Storage, metrics: str, config: str) -> None: ...
 
 
+class RunState(Protocol):
+    """What the loop's shared parts (checkpoints, the step's metrics line, the preemption save, the view) need of a
+    run: a language model's Session below, or a diffusion run's (diffusion_loop.py)."""
+
+    spec: RunSpec
+    model: Any
+    optimizer: TrainOptimizer
+    scaler: Any
+    engine: Engine
+    total_steps: int
+    schedule_steps: int
+    warmup_steps: int
+    store: CheckpointStore
+    metrics: MetricsLog
+    progress: Progress
+    policy: CheckpointPolicy
+    usd_per_hour: float
+    config_yaml: str
+    manifest_meta: dict[str, Any]
+    reporter: Reporter
+    started: float
+    elapsed_before_s: float
+    device: torch.device
+    rng_at_boundary: dict[str, Any]
+    step_seconds: float
+    trained_seconds: float
+    checkpoints: bool
+    view: RunView | None
+
+
 @dataclass
 class Session:
     """Everything one process's run needs, set up by run.py."""
@@ -120,7 +150,7 @@ class Outcome:
     lost: str | None = None  # another rank was lost: what the failed collective said (nothing new saved)
 
 
-def elapsed_s(session: Session) -> float:
+def elapsed_s(session: RunState) -> float:
     return session.elapsed_before_s + time.monotonic() - session.started
 
 
@@ -131,7 +161,7 @@ def _peak_memory(device: torch.device) -> dict[str, float]:
     return {"peak_rss_gib": peak_rss_gib()}
 
 
-def save_checkpoint(session: Session, reason: str) -> float:
+def save_checkpoint(session: RunState, reason: str) -> float:
     """Write the checkpoint of the current step boundary (skipped when a valid one of this step exists);
     returns the seconds it took. Old checkpoints beyond `checkpoint.keep` are pruned after it. Every rank
     calls it: each writes its own files, then rank 0 the manifest."""
@@ -288,12 +318,7 @@ def train(session: Session) -> Outcome:
                 _run_eval(session)
             if progress.step >= session.total_steps:
                 break
-            due = session.checkpoints and progress.step > 0 and session.policy.due(progress.step)
-            # a time-based interval is read on each rank's clock: the ranks save if any says so
-            if world.distributed and session.checkpoints and progress.step > 0:
-                due = bool(engine.reduce_max([float(due)])[0])
-            if due:
-                save_checkpoint(session, "interval")
+            checkpoint_if_due(session)
             engine.check(session.flag)
 
             # 2. this step's micro-batches (of the global batch), from the data position; this rank's share
@@ -338,30 +363,65 @@ def train(session: Session) -> Outcome:
             raise
         return Outcome(False, progress, None, lost=str(error).splitlines()[0])
     except Preempted as stop:
-        session.optimizer.zero_grad()
-        if not session.checkpoints:
+        return saved_on_preemption(session, stop)
+    return finished(session)
+
+
+def checkpoint_if_due(session: RunState) -> None:
+    """The checkpoint due at this step boundary, if one is (never before the first step)."""
+    progress, engine = session.progress, session.engine
+    due = session.checkpoints and progress.step > 0 and session.policy.due(progress.step)
+    # a time-based interval is read on each rank's clock: the ranks save if any says so
+    if engine.world.distributed and session.checkpoints and progress.step > 0:
+        due = bool(engine.reduce_max([float(due)])[0])
+    if due:
+        save_checkpoint(session, "interval")
+
+
+def saved_on_preemption(session: RunState, stop: Preempted) -> Outcome:
+    """A signal stopped the step in progress: its gradients are dropped and the state at the step's start saved (a
+    measuring run, which saves nothing, lets the signal go on up)."""
+    progress, world = session.progress, session.engine.world
+    session.optimizer.zero_grad()
+    if not session.checkpoints:
+        raise stop
+    session.metrics.write({"kind": "event", "event": "preempted", "signal": stop.signal_name,
+                           "step": progress.step, "elapsed_s": round(elapsed_s(session), 3)})
+    session.reporter.event("preempted", f"{stop.signal_name}: saving step {progress.step} and stopping")
+    try:
+        save_checkpoint(session, f"preempted by {stop.signal_name}")
+    except (PeerLost, RuntimeError) as lost:  # a rank died while the others saved: the newest complete
+        if not (isinstance(lost, PeerLost) or (world.distributed and lost_peer(lost))):  # checkpoint stands
             raise
-        session.metrics.write({"kind": "event", "event": "preempted", "signal": stop.signal_name,
-                               "step": progress.step, "elapsed_s": round(elapsed_s(session), 3)})
-        session.reporter.event("preempted", f"{stop.signal_name}: saving step {progress.step} and stopping")
-        try:
-            save_checkpoint(session, f"preempted by {stop.signal_name}")
-        except (PeerLost, RuntimeError) as lost:  # a rank died while the others saved: the newest complete
-            if not (isinstance(lost, PeerLost) or (world.distributed and lost_peer(lost))):  # checkpoint stands
-                raise
-            return Outcome(False, progress, stop.signal_name, lost=str(lost).splitlines()[0])
-        return Outcome(False, progress, stop.signal_name, progress.step)
+        return Outcome(False, progress, stop.signal_name, lost=str(lost).splitlines()[0])
+    return Outcome(False, progress, stop.signal_name, progress.step)
+
+
+def finished(session: RunState) -> Outcome:
+    """The run reached its last step: the checkpoint of that step (final/ is written from it)."""
     if session.checkpoints:
         save_checkpoint(session, "end of training")
-    return Outcome(True, progress, None, progress.step)
+    return Outcome(True, session.progress, None, session.progress.step)
 
 
 def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tokens: int, padded: int,
               seconds: float, optimizer_seconds: float, per_step: int) -> None:
     progress = session.progress
+    session.trained_tokens += tokens
+    log_step(session, {"epoch": progress.epoch + progress.offset / max(1, len(session.data.units)),
+                       "loss": loss, "learning_rate": lr, "grad_norm": grad_norm, "tokens": tokens,
+                       "padded_tokens": padded, "tokens_per_second": tokens / seconds if seconds else 0.0,
+                       "padded_tokens_per_second": padded / seconds if seconds else 0.0},
+             seconds=seconds, optimizer_seconds=optimizer_seconds)
+
+
+def log_step(session: RunState, measured: dict[str, Any], *, seconds: float, optimizer_seconds: float) -> None:
+    """The step just done: its `train` line in metrics.jsonl (every `log_every_steps`, and the last) with what the
+    run `measured` of it, the peak memory so far, time and cost; and the progress line, with the ETA (a running mean
+    of the step time) and the cost at the end."""
+    progress = session.progress
     weight = 0.1 if session.step_seconds else 1.0
     session.step_seconds = (1 - weight) * session.step_seconds + weight * seconds
-    session.trained_tokens += tokens
     session.trained_seconds += seconds
     elapsed = elapsed_s(session)
     cost = elapsed / SECONDS_PER_HOUR * session.usd_per_hour
@@ -371,12 +431,7 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
         ranks = session.engine.gather(peaks)
         peaks.update({f"{key}_ranks": [one[key] for one in ranks] for key in peaks})
     record: dict[str, Any] = {
-        "kind": "train", "step": progress.step,
-        "epoch": progress.epoch + progress.offset / max(1, len(session.data.units)),
-        "loss": loss, "learning_rate": lr, "grad_norm": grad_norm, "tokens": tokens, "padded_tokens": padded,
-        "tokens_per_second": tokens / seconds if seconds else 0.0,
-        "padded_tokens_per_second": padded / seconds if seconds else 0.0,
-        **peaks,
+        "kind": "train", "step": progress.step, **measured, **peaks,
         "step_seconds": seconds, "optimizer_seconds": optimizer_seconds, "elapsed_s": elapsed, "cost_usd": cost,
         "projected_cost_usd": cost + eta / SECONDS_PER_HOUR * session.usd_per_hour,
     }
@@ -397,7 +452,7 @@ def lost_peer(error: BaseException) -> bool:
                                          "Broken pipe", "timed out", "Timed out"))
 
 
-def refresh_view(session: Session) -> None:
+def refresh_view(session: RunState) -> None:
     """Rank 0 hands the run so far to its view (`train --report` draws report.html from it). A view that fails is
     said and training goes on: it shows the run, it is not part of it."""
     if session.view is None or not session.engine.world.main:

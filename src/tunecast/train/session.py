@@ -138,7 +138,7 @@ def _decided(engine: Engine, decide: Any) -> Any:
     return outcome[1]
 
 
-def _price(spec: Any, device: Device, catalog: Catalog, gpus: int = 1) -> tuple[float, str]:
+def run_price(spec: Any, device: Device, catalog: Catalog, gpus: int = 1) -> tuple[float, str]:
     """The run's price per hour, all its GPUs together (`gpus` of them, one per process)."""
     if spec.pricing.usd_per_hour is not None:
         return spec.pricing.usd_per_hour, f"${spec.pricing.usd_per_hour:g}/h (pricing.usd_per_hour)"
@@ -188,7 +188,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
     if world.distributed and spec.global_batch is not None:  # each process takes its share of the global batch
         fixed = spec.with_changes({"global_batch": spec.global_batch // world.size})
     if resolved_then:
-        fixed = _resumed_shape(spec, resolved_then, world.size)
+        fixed = resumed_shape(spec, resolved_then, world.size)
     choice: BatchChoice = _decided(engine, lambda: choose_batch(fixed, resolved_model.data, device, catalog,
                                                                 check_memory=request.check_memory,
                                                                 keep_freed=may_keep, loading_gib=loading_gib))
@@ -212,7 +212,7 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                         epochs_set=loaded.spec.fixed("epochs") and not request.measuring)
     steps = length.steps
     if found is not None:
-        _check_schedule(found, length.schedule_steps)
+        check_schedule(found, length.schedule_steps)
     warmup = warmup_steps(spec, length.schedule_steps)
 
     seed_everything(spec.seed)
@@ -248,23 +248,18 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
         warn(result, reporter, Problem("max_grad_norm", "does not apply with optimizer_in_backward: each parameter "
                                        "steps before the others' gradients exist", "set max_grad_norm: 0 to say so",
                                        severity="warning"))
-    scaler = _grad_scaler(spec, engine)
+    scaler = grad_scaler(spec, engine)
 
     progress = Progress()
     if found is not None:
-        progress = _restore(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
+        progress = restore_checkpoint(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
                             result=result, reporter=reporter)
         result.resumed_from = found.step
     metrics: Any = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None) if main \
         else NoMetrics()
 
-    usd_per_hour, price_note = _price(spec, device, catalog, gpus=world.size if device.kind == "cuda" else 1)
-    trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
-    policy = CheckpointPolicy.for_spec(
-        spec, interruptions_per_hour=catalog.throughput.get("spot_interruptions_per_hour"),
-        rate_source="the catalog's default spot preemption rate",
-        # weights and two optimizer states, at the catalog's object-storage write speed, until one is measured
-        estimated_write_s=3 * trainable_bytes / (catalog.throughput.get("checkpoint_write_mib_per_s") * 2**20))
+    usd_per_hour, price_note = run_price(spec, device, catalog, gpus=world.size if device.kind == "cuda" else 1)
+    policy = checkpoint_policy(spec, catalog, trainable)
 
     requested = loaded.spec.model_dump(mode="json")
     resolved = {"micro_batch": choice.micro_batch, "grad_accum": choice.grad_accum,
@@ -306,6 +301,17 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                    elapsed_before_s=progress.elapsed_s, device=engine.device, trainable=trainable, tokenizer=counter)
 
 
+def checkpoint_policy(spec: Any, catalog: Catalog, trainable: list[torch.nn.Parameter]) -> CheckpointPolicy:
+    """When the run saves: `checkpoint.*`, or the automatic interval from the catalog's spot preemption rate and the
+    checkpoint's estimated write time."""
+    trainable_bytes = sum(p.numel() * p.element_size() for p in trainable)
+    return CheckpointPolicy.for_spec(
+        spec, interruptions_per_hour=catalog.throughput.get("spot_interruptions_per_hour"),
+        rate_source="the catalog's default spot preemption rate",
+        # weights and two optimizer states, at the catalog's object-storage write speed, until one is measured
+        estimated_write_s=3 * trainable_bytes / (catalog.throughput.get("checkpoint_write_mib_per_s") * 2**20))
+
+
 def _length_line(spec: Any, length: RunLength) -> str:
     """The one line said when both max_steps and epochs are set."""
     epochs = f"{spec.epochs:g} epoch{'' if spec.epochs == 1 else 's'}"
@@ -316,7 +322,7 @@ def _length_line(spec: Any, length: RunLength) -> str:
     return f"max_steps {spec.max_steps} is beyond the {length.schedule_steps} steps of {epochs}: the epochs end the run"
 
 
-def _check_schedule(found: Loaded, schedule_steps: int) -> None:
+def check_schedule(found: Loaded, schedule_steps: int) -> None:
     """A resumed run keeps the schedule its checkpoint was trained on (the config policy allows no change that
     would move it; a checkpoint of an earlier version does not record it)."""
     then = found.manifest.get("schedule_steps")
@@ -326,7 +332,7 @@ def _check_schedule(found: Loaded, schedule_steps: int) -> None:
                             hint="restore the settings the run started with, or pass --fresh to start over")
 
 
-def _grad_scaler(spec: Any, engine: Engine) -> Any:
+def grad_scaler(spec: Any, engine: Engine) -> Any:
     """fp16's loss scaler; sharded gradients need FSDP's own, which agrees on overflow over every rank."""
     if spec.precision != "fp16-mixed":
         return None
@@ -337,7 +343,7 @@ def _grad_scaler(spec: Any, engine: Engine) -> Any:
     return torch.amp.GradScaler(engine.device.type)
 
 
-def _resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) -> Any:
+def resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) -> Any:
     """The spec with the batch shape the run started with. On another number of processes the global batch
     is kept: the micro-batch stays, gradient accumulation absorbs the change."""
     fixed = {key: resolved_then[key] for key in RESOLVED if key in resolved_then}
@@ -354,7 +360,7 @@ def _resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) ->
     return spec.with_changes(fixed | {"global_batch": None})
 
 
-def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
+def restore_checkpoint(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
              scaler: Any, result: TrainResult, reporter: Any) -> Progress:
     """This rank's state from checkpoint `found` (verified by rank 0)."""
     storage, folder, manifest = store.storage, store.folder(found.step), found.manifest
