@@ -68,7 +68,7 @@ def print_imported(loaded: LoadedSpec | LoadedPipeline) -> None:
         err.print(f"  [dim]· {escape(note)}[/]")
 
 
-def resolved_document(loaded: LoadedSpec) -> dict[str, Any]:
+def resolved_document(loaded: LoadedSpec | LoadedPipeline) -> dict[str, Any]:
     """The config with every default filled in and names resolved (canonical GPU slug, output path)."""
     spec = loaded.spec
     document = spec.model_dump(mode="json")
@@ -128,9 +128,13 @@ def validate_command(
     if config is None and not spec_args.overrides and spec_args.source is None:
         raise TunecastError("nothing to validate", field="config",
                             hint="give a config file (tunecast validate run.yaml) or flags such as --model")
-    from tunecast.config.load import imported_part
+    from tunecast.config.load import LoadedPipeline, imported_part
 
-    loaded = load_from_cli(ctx, config, spec_args)
+    run = load_run_from_cli(ctx, config, spec_args)
+    if isinstance(run, LoadedPipeline):
+        _validate_pipeline(run, show, json_output)
+        return
+    loaded = run
     if json_output:
         print_json({"valid": True, "source": loaded.source, "spec": resolved_document(loaded),
                     "model": {"name": loaded.model.name, "origin": loaded.model.origin,
@@ -149,6 +153,29 @@ def validate_command(
             out.print(f"  {label:<10} {escape(text)}")
     print_problems(list(loaded.warnings))
     print_imported(loaded)
+
+
+def _validate_pipeline(loaded: LoadedPipeline, show: bool, json_output: bool) -> None:
+    """`validate` of a run whose model is a diffusion pipeline (docs/diffusion.md)."""
+    pipeline = loaded.pipeline
+    described = {"name": pipeline.name, "pipeline_class": pipeline.pipeline_class,
+                 "denoiser": pipeline.classes[pipeline.denoiser], "objective": pipeline.objective}
+    if json_output:
+        print_json({"valid": True, "source": loaded.source, "spec": resolved_document(loaded), "pipeline": described,
+                    "warnings": [w.as_dict() for w in loaded.warnings]})
+        return
+    if show:
+        import yaml
+
+        out.print(escape(yaml.safe_dump(resolved_document(loaded), sort_keys=False, allow_unicode=True)), end="")
+    else:
+        spec = loaded.spec
+        out.print(f"[green]✓[/] {escape(loaded.source)} is valid")
+        out.print(f"  {'pipeline':<10} {escape(pipeline.name)} ({described['pipeline_class']}, "
+                  f"{described['denoiser']}, {pipeline.objective} objective)")
+        out.print(f"  {'method':<10} {spec.method}, {spec.precision}, {spec.optimizer}, micro_batch "
+                  f"{spec.micro_batch} × grad_accum {spec.grad_accum}")
+    print_problems(list(loaded.warnings))
 
 
 def init_command(

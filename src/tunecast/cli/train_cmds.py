@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli, print_imported
+from tunecast.cli.config_cmds import load_from_cli, load_run_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import Problem
@@ -24,6 +24,8 @@ from tunecast.train.signals import EXIT_PREEMPTED, PROCESS_FLAG, Preempted, Pree
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
+
+    from tunecast.config.load import LoadedPipeline, LoadedSpec
 
 PLAIN_EVERY_S = 10.0  # without a terminal, a progress line at most this often
 
@@ -44,14 +46,17 @@ def _cost(usd: float) -> str:
 
 
 def progress_forms(record: dict[str, Any], total: int, eta_s: float, cost_at_end: float) -> list[str]:
-    """The progress line, from the fullest to the tightest; each keeps the step, loss, tok/s, ETA and cost."""
-    step, loss, speed = record["step"], record["loss"], record["tokens_per_second"]
+    """The progress line, from the fullest to the tightest; each keeps the step, loss, speed (tok/s, or a diffusion
+    run's img/s), ETA and cost."""
+    step, loss = record["step"], record["loss"]
+    speed = f"{record['images_per_second']:,.2f} img/s" if "images_per_second" in record else \
+        f"{record['tokens_per_second']:,.0f} tok/s"
     so_far, eta = record["cost_usd"], _duration(eta_s)
-    return [f"step {step}/{total} · loss {loss:.4f} · {speed:,.0f} tok/s · {_duration(record['elapsed_s'])} elapsed · "
+    return [f"step {step}/{total} · loss {loss:.4f} · {speed} · {_duration(record['elapsed_s'])} elapsed · "
             f"ETA {eta} · {_cost(so_far)} so far, {_cost(cost_at_end)} at the end",
-            f"step {step}/{total} · loss {loss:.4f} · {speed:,.0f} tok/s · ETA {eta} · {_cost(so_far)} → "
+            f"step {step}/{total} · loss {loss:.4f} · {speed} · ETA {eta} · {_cost(so_far)} → "
             f"{_cost(cost_at_end)} at the end",
-            f"{step}/{total} · loss {loss:.3f} · {speed:,.0f} tok/s · ETA {eta} · {_cost(so_far)}→{_cost(cost_at_end)}"]
+            f"{step}/{total} · loss {loss:.3f} · {speed} · ETA {eta} · {_cost(so_far)}→{_cost(cost_at_end)}"]
 
 
 def fit_progress(forms: list[str], width: int) -> tuple[str, int, bool]:
@@ -226,9 +231,12 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
     if skip_invalid:
         spec_args = SpecArgs([*spec_args.overrides, Override("dataset.skip_invalid", True, "--skip-invalid")],
                              spec_args.offline, spec_args.source)
+    from tunecast.config.load import LoadedPipeline
     from tunecast.train.world import world_from_env
 
-    loaded = load_from_cli(ctx, config, spec_args)
+    loaded = load_run_from_cli(ctx, config, spec_args)  # a diffusion pipeline too (docs/diffusion.md)
+    if isinstance(loaded, LoadedPipeline):
+        return _train_pipeline(ctx, loaded, fresh, json_output, spec_args, flag, started, report)
     if loaded.spec.runner != "tunecast":
         from tunecast.errors import TunecastError
 
@@ -271,6 +279,29 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
                                     f"({loaded.spec.gpus.strategy}); `tunecast export accelerate` writes a matching "
                                     "accelerate config", severity="warning")])
         print_problems(list(loaded.warnings))
+    return _run_and_say(ctx, loaded, fresh, not no_memory_check, json_output, spec_args, flag, started, report,
+                        world.rank)
+
+
+def _train_pipeline(ctx: typer.Context, loaded: LoadedPipeline, fresh: bool, json_output: bool, spec_args: SpecArgs,
+                    flag: PreemptionFlag, started: float, report: bool) -> int:
+    """A diffusion pipeline's run (one process): its images, settings and weights checked before the libraries
+    load."""
+    from tunecast.storage.lock import probe_lock
+    from tunecast.storage.store import Storage
+    from tunecast.train.preflight import check_pipeline_run
+    from tunecast.train.run import output_url
+
+    check_pipeline_run(loaded.spec, loaded.pipeline)
+    probe_lock(Storage(output_url(loaded.spec)))
+    print_problems(list(loaded.warnings))
+    return _run_and_say(ctx, loaded, fresh, False, json_output, spec_args, flag, started, report, 0)
+
+
+def _run_and_say(ctx: typer.Context, loaded: LoadedSpec | LoadedPipeline, fresh: bool, check_memory: bool,
+                 json_output: bool, spec_args: SpecArgs, flag: PreemptionFlag, started: float, report: bool,
+                 rank: int) -> int:
+    """Run the training and say how it ended: its exit status (75 when preempted)."""
     reporter = ConsoleReporter()
     try:
         flag.check()
@@ -279,13 +310,13 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         from tunecast.train.run import TrainRequest, run_training
 
         request = TrainRequest(fresh=fresh, offline=spec_args.offline,
-                               check_memory=not no_memory_check, started=started, view=ReportView() if report else None)
+                               check_memory=check_memory, started=started, view=ReportView() if report else None)
         with listening(estimate_line):  # the memory check before training may trace on first use
             result = run_training(loaded, state(ctx).catalog(), request, flag, reporter)
     except Preempted as stop:
         reporter.close()
         _STOPPED_BY_SIGNAL[0] = True
-        if world.rank != 0:  # rank 0 says it for the run
+        if rank != 0:  # rank 0 says it for the run
             return EXIT_PREEMPTED
         err.print(f"[yellow]preempted ({stop.signal_name}) before training started: nothing to save. "
                   "Run the same command again.[/]")
@@ -315,6 +346,8 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
         return EXIT_PREEMPTED
     if not json_output:
         speed = f", {result.tokens_per_second:,.0f} tok/s" if result.tokens_per_second else ""
+        if result.images_per_second is not None:
+            speed = f", {result.images_per_second:,.2f} images/s"
         out.print(f"Trained {result.steps} steps in {_duration(result.elapsed_s)} (${result.cost_usd:.2f}{speed}). "
                   f"Final model: {escape(str(result.final))}")
     return 0

@@ -184,6 +184,8 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
         problems.extend(cross_field_problems(spec, locate))
         problems.extend(catalog_problems(spec, catalog, locate))
         spec = _resolve_paths(spec, origins, base_dir, problems, locate)
+        model_dir = base_dir if origins.get("model", "").startswith("line") else None
+        spec = _pipeline_folder(spec, model_dir)
         if spec.model != _MISSING_MODEL and is_pipeline(spec.model):
             if pipelines:
                 pipeline = _pipeline(spec, problems, locate)
@@ -199,7 +201,6 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
                                     "stable-diffusion-xl-base-1.0 (`tunecast models` lists the catalog's), or a "
                                     "language model's runner (docs/runners.md)", location=locate("model")))
         elif spec.model != _MISSING_MODEL:
-            model_dir = base_dir if origins.get("model", "").startswith("line") else None
             try:
                 model = resolve_model(spec.model, catalog, base_dir=model_dir, hub=hub)
             except TunecastError as error:
@@ -226,6 +227,15 @@ def _load(raw: dict[str, Any], lines: dict[str, int], problems: list[Problem], o
     if errors or spec is None or model is None:
         raise ConfigError(source, problems)
     return LoadedSpec(spec=spec, source=source, model=model, gpu=gpu, warnings=warnings, imported=imported)
+
+
+def _pipeline_folder(spec: RunSpec, model_dir: Path | None) -> RunSpec:
+    """`spec` with its model made absolute where it is a pipeline folder written relative to the config file (as a
+    model directory is: resolve_model's `base_dir`)."""
+    if model_dir is None or Path(spec.model).is_absolute():
+        return spec
+    folder = (model_dir / spec.model).resolve()
+    return spec.model_copy(update={"model": str(folder)}) if (folder / "model_index.json").is_file() else spec
 
 
 def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline | None:

@@ -15,13 +15,18 @@ as a library's exception deep inside loading:
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
+from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.models import ModelConfig
 from tunecast.config.spec import RunSpec
+from tunecast.data.images import Captioned, read_image_folder
 from tunecast.errors import TunecastError
+from tunecast.step.diffusion import untrained_reason
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
+PIPELINE_WEIGHT_SUFFIXES = (".safetensors", ".bin")  # a diffusers component's weights
 FP8_CAPABILITY = (8, 9)  # the first compute capability with FP8 tensor cores (Ada Lovelace)
 
 
@@ -91,3 +96,41 @@ def check_weights(spec: RunSpec, resolved: ModelConfig, *, random_allowed: bool)
     raise TunecastError(f"the model {resolved.path} is a config file, which holds no weights", field="model",
                         hint="give the folder holding the weights, or a catalog or Hub name; or set random_weights: "
                              "true (--random-weights) to train weights drawn from the seed (tests, demos, timing)")
+
+
+def check_pipeline_run(spec: RunSpec, pipeline: Pipeline) -> list[Captioned]:
+    """What stops a diffusion pipeline's run, before anything loads: a pipeline or setting not trained yet, a
+    pipeline folder without weights, the images and captions (read and checked: returned)."""
+    reason = untrained_reason(pipeline)
+    if reason is not None:
+        raise TunecastError(f"{pipeline.name}: {reason}", field="model",
+                            hint="tunecast trains Stable Diffusion 1.x/2.x-style pipelines so far; `tunecast memory` "
+                                 "estimates this one")
+    refused = [("grad_checkpointing", spec.grad_checkpointing == "auto", "gradient checkpointing auto needs the "
+                "memory search, which a diffusion run does not have yet", "set grad_checkpointing: true or false"),
+               ("eval.examples", spec.eval.examples > 0, "a held-out loss of a diffusion run is not built yet",
+                "set eval.examples: 0"),
+               ("dataset.path", spec.dataset.path is None, "training needs a folder of images with captions",
+                "set dataset.path (or --dataset) to the folder")]
+    for key, applies, message, hint in refused:
+        if applies:
+            raise TunecastError(message, field=key, hint=hint)
+    folder = local_pipeline(spec)
+    if folder is not None and not spec.random_weights and not pipeline_has_weights(folder, pipeline):
+        raise TunecastError(f"{folder} holds the pipeline's configs but no weights ({pipeline.denoiser}/ has no "
+                            f"{' or '.join(PIPELINE_WEIGHT_SUFFIXES)} file)", field="model",
+                            hint="point model at a pipeline folder diffusers saved with its weights, or set "
+                                 "random_weights: true to train weights drawn from the seed (tests, demos)")
+    assert spec.dataset.path is not None
+    return read_image_folder(spec.dataset.path)
+
+
+def local_pipeline(spec: RunSpec) -> Path | None:
+    """The pipeline's folder on this machine (None: a catalog id, loaded through the Hugging Face cache)."""
+    folder = Path(spec.model).expanduser()
+    return folder if (folder / "model_index.json").is_file() else None
+
+
+def pipeline_has_weights(folder: Path, pipeline: Pipeline) -> bool:
+    component = folder / pipeline.denoiser
+    return component.is_dir() and any(path.suffix in PIPELINE_WEIGHT_SUFFIXES for path in component.iterdir())

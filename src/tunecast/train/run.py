@@ -22,6 +22,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tunecast.catalog.store import Catalog
-from tunecast.config.load import LoadedSpec, flatten
+from tunecast.config.load import LoadedPipeline, LoadedSpec, flatten
 from tunecast.config.spec import RunSpec
 from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.storage.store import (
@@ -89,6 +90,7 @@ class TrainResult:
     elapsed_s: float = 0.0
     cost_usd: float = 0.0
     tokens_per_second: float = 0.0  # real tokens over the seconds of the steps this process ran
+    images_per_second: float | None = None  # a diffusion run's images over those seconds (None: a language model's)
     warnings: list[Problem] = field(default_factory=list)
     rank: int = 0
     world_size: int = 1
@@ -99,6 +101,7 @@ class TrainResult:
                 "steps": self.steps, "total_steps": self.total_steps, "preempted_by": self.signal,
                 "resumed_from_step": self.resumed_from, "final": self.final, "elapsed_s": round(self.elapsed_s, 3),
                 "cost_usd": round(self.cost_usd, 4), "tokens_per_second": round(self.tokens_per_second, 2),
+                **({} if self.images_per_second is None else {"images_per_second": round(self.images_per_second, 3)}),
                 "processes": self.world_size, "lost_rank": self.lost,
                 "warnings": [w.as_dict() for w in self.warnings]}
 
@@ -187,8 +190,30 @@ def warn(result: TrainResult, reporter: Any, problem: Problem) -> None:
     reporter.event("warning", f"{problem.field}: {problem.message}" + (f" → {problem.hint}" if problem.hint else ""))
 
 
-def run_training(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
-                 reporter: Any) -> TrainResult:
+@dataclass(frozen=True)
+class Trainer:
+    """What differs between a language model's run and a diffusion pipeline's (train/diffusion_loop.py): how the
+    session is set up, the loop over its steps, and `final/`. The rest (the output, lock, resume and config policy,
+    checkpoints, metrics, signals) is the same run."""
+
+    build_session: Callable[..., Any]
+    train: Callable[[Any], Any]  # session → loop.Outcome
+    write_final: Callable[[Any, Storage, Any], None]
+    counts_images: bool = False  # the session counts `trained_images` (a diffusion run)
+
+
+def trainer_of(loaded: LoadedSpec | LoadedPipeline) -> Trainer:
+    if isinstance(loaded, LoadedPipeline):
+        from tunecast.train import diffusion_loop
+
+        return Trainer(diffusion_loop.build_session, diffusion_loop.train, diffusion_loop.write_final, True)
+    from tunecast.train import final, loop, session
+
+    return Trainer(session.build_session, loop.train, final.write_final)
+
+
+def run_training(loaded: LoadedSpec | LoadedPipeline, catalog: Catalog, request: TrainRequest,
+                 flag: PreemptionFlag, reporter: Any) -> TrainResult:
     """Train `loaded` to the end or to a preemption, on this process or as one rank of several (started by
     torchrun, accelerate launch or `tunecast train --gpus N`). Raises TunecastError for what the user must fix."""
     from tunecast.train.distributed import Engine, PeerLost
@@ -266,9 +291,10 @@ def _goes_further(manifest: dict[str, Any], spec: RunSpec, epochs_set: bool) -> 
     return int(manifest.get("step", 0)) < planned
 
 
-def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag, reporter: Any,
-         engine: Any, result: TrainResult) -> TrainResult:
+def _run(loaded: LoadedSpec | LoadedPipeline, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
+         reporter: Any, engine: Any, result: TrainResult) -> TrainResult:
     spec = loaded.spec
+    trainer = trainer_of(loaded)
     storage = Storage(result.output)
     with contextlib.ExitStack() as stack:
         opened: dict[str, Any] | None = None
@@ -299,12 +325,11 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
             result.steps = result.total_steps = found.step
             result.final = storage.url_of(FINAL)
             return result
-        from tunecast.train.session import build_session
         from tunecast.train.signals import Preempted
 
         store = CheckpointStore(storage)
         try:
-            session = build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store,
+            session = trainer.build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store,
                                     lock=lock, found=found, resolved_then=shared["resolved_then"], result=result,
                                     engine=engine)
         except Preempted as stop:  # before the first step: the checkpoint resumed from (if any) stays as it is
@@ -312,16 +337,18 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
             result.steps = found.step if found is not None else 0
             return result
         found = None
-        from tunecast.train.loop import refresh_view, train
+        from tunecast.train.loop import refresh_view
 
         session.view = request.view
-        outcome = train(session)
+        outcome = trainer.train(session)
         result.steps = outcome.progress.step
         result.total_steps = session.total_steps
         result.elapsed_s = outcome.progress.elapsed_s
         result.cost_usd = outcome.progress.cost_usd
         if session.trained_seconds:
             result.tokens_per_second = session.trained_tokens / session.trained_seconds
+            if trainer.counts_images:
+                result.images_per_second = session.trained_images / session.trained_seconds
         if not outcome.finished:
             result.signal = outcome.signal
             result.lost = outcome.lost
@@ -329,10 +356,8 @@ def _run(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: Pree
                 result.steps = _newest(store, engine)
             session.metrics.close()
             return result
-        from tunecast.train.final import write_final
-
         # a run killed while final/ is written resumes at its last step and writes final/ again
-        write_final(session, storage, loaded)
+        trainer.write_final(session, storage, loaded)
         session.metrics.write({"kind": "event", "event": "finished", "step": outcome.progress.step,
                                "elapsed_s": round(outcome.progress.elapsed_s, 3),
                                "cost_usd": round(outcome.progress.cost_usd, 4)})

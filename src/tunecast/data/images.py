@@ -1,0 +1,123 @@
+"""The images and captions a diffusion model trains on: a local folder, in one of two layouts.
+
+* Captions beside the images: `cat.png` and `cat.txt` (the caption is the text file's content, stripped), as
+  kohya's sd-scripts and SimpleTuner read them. Every image needs its caption.
+* Hugging Face's imagefolder layout: a `metadata.jsonl` whose lines each name an image (`file_name`, relative to
+  the folder) and its caption (`text`), as `datasets.load_dataset("imagefolder")` and diffusers' training examples
+  read it. When the file is there, it alone says which images are trained on.
+
+Each image is made the training size as diffusers' train_text_to_image.py does (`Resize` then `CenterCrop`): scaled
+with bilinear filtering so that it covers the resolution, then cut to it around its centre; then RGB in [-1, 1],
+channels first. Anything wrong (no image, an image that does not open, a caption missing, empty or unreadable, a
+metadata line that is not JSON or lacks a field) is an error naming the file and the field. Pillow only; no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunecast.errors import TunecastError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+METADATA = "metadata.jsonl"
+FIELD = "dataset.path"
+
+
+@dataclass(frozen=True)
+class Captioned:
+    """One training image and its caption."""
+
+    image: Path
+    caption: str
+
+
+def _bad(message: str, hint: str) -> TunecastError:
+    return TunecastError(message, field=FIELD, hint=hint)
+
+
+def read_image_folder(path: str) -> list[Captioned]:
+    """The folder's images and captions, in name order (or metadata.jsonl's), each image checked to open."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise _bad(f"{path} is not a folder of images", "a diffusion run trains on a folder of images with a .txt "
+                   f"caption beside each, or a {METADATA} (file_name, text)")
+    found = _from_metadata(folder) if (folder / METADATA).is_file() else _from_captions(folder)
+    if not found:
+        raise _bad(f"{path} holds no image ({', '.join(IMAGE_SUFFIXES)})", "put the training images there")
+    for item in found:
+        _check_opens(item.image)
+    return found
+
+
+def _from_captions(folder: Path) -> list[Captioned]:
+    found = []
+    for image in sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
+        caption_file = image.with_suffix(".txt")
+        if not caption_file.is_file():
+            raise _bad(f"{image}: no caption ({caption_file.name} is missing)",
+                       f"write its caption in {caption_file.name}, or list the images in a {METADATA}")
+        try:
+            caption = caption_file.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise _bad(f"{caption_file}: the caption cannot be read ({error})", "save it as UTF-8 text") from None
+        if not caption:
+            raise _bad(f"{caption_file}: the caption is empty", "write the image's caption in it")
+        found.append(Captioned(image, caption))
+    return found
+
+
+def _from_metadata(folder: Path) -> list[Captioned]:
+    metadata = folder / METADATA
+    found = []
+    for number, line in enumerate(metadata.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{metadata} line {number}"
+        try:
+            record: Any = json.loads(line)
+        except ValueError as error:
+            raise _bad(f"{where}: not JSON ({error})", 'write one object a line: {"file_name": ..., "text": ...}') \
+                from None
+        if not isinstance(record, dict):
+            raise _bad(f"{where}: not a JSON object", 'write one object a line: {"file_name": ..., "text": ...}')
+        for key in ("file_name", "text"):
+            if not isinstance(record.get(key), str) or not record[key].strip():
+                raise _bad(f"{where}: field {key!r} is missing or not text",
+                           "each line names its image (file_name, relative to the folder) and its caption (text)")
+        image = folder / record["file_name"]
+        if not image.is_file():
+            raise _bad(f"{where}: field 'file_name' names {record['file_name']}, which is not in {folder}",
+                       "check the file name, relative to the folder that holds metadata.jsonl")
+        found.append(Captioned(image, record["text"].strip()))
+    return found
+
+
+def _check_opens(image: Path) -> None:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(image) as opened:
+            opened.verify()
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as error:
+        raise _bad(f"{image}: cannot be read as an image ({str(error).splitlines()[0]})",
+                   "replace or remove the file") from None
+
+
+def load_pixels(image: Path, width: int, height: int) -> Any:
+    """The image at the training size: scaled (bilinear) to cover width × height, cropped around its centre, RGB in
+    [-1, 1] as float32, shape (3, height, width): a NumPy array."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(image) as opened:
+        rgb = opened.convert("RGB")
+    scale = max(width / rgb.width, height / rgb.height)
+    size = (max(width, round(rgb.width * scale)), max(height, round(rgb.height * scale)))
+    resized = rgb.resize(size, Image.Resampling.BILINEAR)
+    left, top = (size[0] - width) // 2, (size[1] - height) // 2
+    cropped = resized.crop((left, top, left + width, top + height))
+    pixels = np.asarray(cropped, dtype=np.float32) / 127.5 - 1.0  # (height, width, 3)
+    return np.ascontiguousarray(pixels.transpose(2, 0, 1))
