@@ -123,9 +123,18 @@ def _planned(plan: dict[str, Any] | None, start: dict[str, Any]) -> dict[str, An
     return chosen[0] if chosen else None
 
 
+def _counted(records: RunRecords) -> tuple[str, str, str]:
+    """What a run's speed counts (the train lines' key), its unit and its name: images for a diffusion run, real
+    tokens for a language model's."""
+    if records.train and "images" in records.train[0]:
+        return "images", "img/s", "images per second"
+    return "tokens", "tok/s", "tokens per second"
+
+
 def _summary(records: RunRecords, predicted: dict[str, Any] | None, calibration: dict[str, Any] | None) -> str:
     start, train = records.start, records.train
-    measured_speed = (sum(r["tokens"] for r in train) / sum(r["step_seconds"] for r in train)) if train else None
+    counted, unit, named = _counted(records)
+    measured_speed = (sum(r[counted] for r in train) / sum(r["step_seconds"] for r in train)) if train else None
     peak = _peaks(records)
     rows: list[list[Any]] = []
 
@@ -137,8 +146,8 @@ def _summary(records: RunRecords, predicted: dict[str, Any] | None, calibration:
                      f"{value / plan_value - 1:+.1%}" if value and plan_value else "—"])
 
     measured = calibration.get("measured", {}) if calibration else {}
-    add("tokens per second", measured_speed, "tok/s", predicted["tokens_per_second"] if predicted else None,
-        measured.get("tokens_per_second"))
+    add(named, measured_speed, unit, predicted.get(f"{counted}_per_second") if predicted else None,
+        measured.get(f"{counted}_per_second"))
     add("peak memory", max(peak) if peak else None, "GiB",
         predicted["device_total_gib"] if predicted else start.get("predicted_memory_gib"),
         measured.get("peak_reserved_gib") or measured.get("growth_gib"))
@@ -206,17 +215,23 @@ def _learning_rate(records: RunRecords) -> str:
 def _speed(records: RunRecords, predicted: dict[str, Any] | None) -> str:
     import plotly.graph_objects as go
 
+    counted, unit, named = _counted(records)
+    name = named.replace(" ", "-")
     if not records.train:
-        return _empty("tokens-per-second", "No step has run yet.")
+        return _empty(name, "No step has run yet.")
+    key = f"{counted}_per_second"
+    planned = predicted.get(key) if predicted is not None else None
     minutes = [r["elapsed_s"] / 60 for r in records.train]
-    figure = go.Figure(go.Scatter(x=minutes, y=[r["tokens_per_second"] for r in records.train], name="measured",
+    figure = go.Figure(go.Scatter(x=minutes, y=[r[key] for r in records.train], name="measured",
                                   mode="lines+markers", marker={"size": 4}, line={"color": "#0072B2"}))
-    if predicted is not None:
-        figure.add_hline(y=predicted["tokens_per_second"], line_dash="dash", line_color="#D55E00",
-                         annotation_text=f"plan: {predicted['tokens_per_second']:,.0f} tok/s")
-    figure.update_layout(xaxis_title="training time, minutes", yaxis_title="real tokens per second")
-    return chart("tokens-per-second", figure, "Real (non-padding) tokens per second of each step over training time"
-                 + (", the plan's prediction dashed." if predicted else "."))
+    if planned is not None:
+        figure.add_hline(y=planned, line_dash="dash", line_color="#D55E00",
+                         annotation_text=f"plan: {planned:,.0f} {unit}")
+    what = "real tokens" if counted == "tokens" else "images"
+    figure.update_layout(xaxis_title="training time, minutes", yaxis_title=f"{what} per second")
+    described = "Real (non-padding) tokens" if counted == "tokens" else "Images"
+    return chart(name, figure, f"{described} per second of each step over training time"
+                 + (", the plan's prediction dashed." if planned is not None else "."))
 
 
 def _memory(records: RunRecords, predicted: dict[str, Any] | None) -> str:
