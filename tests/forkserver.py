@@ -12,6 +12,10 @@ half-way through its N-th file write to the run's storage (a kill while a checkp
 `slow_load_s: S` holds the child S seconds where it starts loading the model (a slow disk or download), after
 printing "forkserver: loading held" to its log.
 
+A request with `"script": PATH` runs that Python file in the child instead of a command (with `"args"` as its
+sys.argv[1:]), for checks that need the warm libraries (loading a run's result with diffusers). Modules named on
+the server's command line are imported too before it is ready (`forkserver.py diffusers`).
+
 A request with `"ranks": N` forks N children at once, the workers of one run, each with the variables
 torchrun sets (tunecast.launch.local.rank_env) and its own log (`log` with `.rankR` appended); the server
 answers {"pids": [...]} and then {"codes": [...]}.
@@ -25,7 +29,9 @@ import signal
 import sys
 
 
-def _warm() -> None:
+def _warm(extra: list[str]) -> None:
+    import importlib
+
     import accelerate  # noqa: F401
     import peft  # noqa: F401
     import safetensors.torch  # noqa: F401
@@ -37,6 +43,9 @@ def _warm() -> None:
     import tunecast.cli.app
     import tunecast.train.run
     import tunecast.train.session  # noqa: F401
+
+    for name in extra:
+        importlib.import_module(name)
 
 
 def _kill_in_write(count: int) -> None:
@@ -108,6 +117,20 @@ def _child(request: dict) -> None:
         _kill_in_write(int(request["kill_in_write"]))
     if request.get("slow_load_s"):
         _slow_load(float(request["slow_load_s"]))
+    if request.get("script"):
+        import runpy
+
+        sys.argv = [request["script"], *request["args"]]
+        code = 1
+        try:
+            runpy.run_path(request["script"], run_name="__main__")
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else 0
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
     from tunecast.cli import main
     from tunecast.train.signals import PROCESS_FLAG
 
@@ -150,7 +173,7 @@ def main() -> None:
     from tunecast.train.determinism import fix_cpu_threads
 
     fix_cpu_threads()  # before torch loads MKL, as `tunecast train` does
-    _warm()
+    _warm(sys.argv[1:])
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():

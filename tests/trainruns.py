@@ -19,6 +19,8 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 TINY_MODEL = REPO / "examples" / "tiny-model"
 ALPACA = REPO / "examples" / "data" / "alpaca.jsonl"
+TINY_PIPELINE = REPO / "examples" / "tiny-diffusion"
+IMAGES = REPO / "examples" / "images"
 NO_EVAL = {"eval.examples": 0, "eval.every_steps": None}
 
 
@@ -26,14 +28,28 @@ def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
     """A LoRA run of the bundled tiny model on the sample data: 16 steps of 2 × 2 sequences, dropout on (so
     exact resume needs the random generators restored), evaluation and checkpoints every few steps. `changes`
     are dotted keys; a value of None removes the key."""
-    config: dict[str, Any] = {
+    return _write_run(tmp / name, {
         "model": str(TINY_MODEL), "random_weights": True, "method": "lora",
         "lora": {"rank": 4, "alpha": 8, "dropout": 0.1, "targets": "all-linear"},
         "precision": "fp32", "optimizer": "adamw", "micro_batch": 2, "grad_accum": 2, "seq_len": 128,
         "learning_rate": 2e-3, "schedule": "cosine", "warmup_steps": 2, "max_steps": 16, "seed": 7,
         "dataset": {"path": str(ALPACA)}, "eval": {"examples": 4, "every_steps": 5},
         "checkpoint": {"every_steps": 2, "keep": 2}, "output": str(tmp / "out"),
-    }
+    }, changes)
+
+
+def tiny_diffusion_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
+    """A LoRA run of the bundled tiny diffusion pipeline on the sample images: 8 steps of 2 × 2 images of 32 px, the
+    VAE encoding and the text encoder running at every step, checkpoints every 2 steps. `changes` as tiny_run's."""
+    return _write_run(tmp / name, {
+        "model": str(TINY_PIPELINE), "random_weights": True, "method": "lora", "lora": {"rank": 4, "alpha": 8},
+        "precision": "fp32", "optimizer": "adamw", "micro_batch": 2, "grad_accum": 2, "learning_rate": 1e-3,
+        "schedule": "cosine", "warmup_steps": 2, "max_steps": 8, "seed": 7, "dataset": {"path": str(IMAGES)},
+        "diffusion": {"resolution": 32}, "checkpoint": {"every_steps": 2, "keep": 2}, "output": str(tmp / "out"),
+    }, changes)
+
+
+def _write_run(path: Path, config: dict[str, Any], changes: dict[str, Any]) -> Path:
     for key, value in changes.items():  # a dotted key; None removes it
         node = config
         *parents, leaf = key.split(".")
@@ -43,7 +59,6 @@ def tiny_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Path:
             node.pop(leaf, None)
         else:
             node[leaf] = value
-    path = tmp / name
     path.write_text(yaml.safe_dump(config))
     return path
 
@@ -63,6 +78,11 @@ def adapter_bytes(output: Path) -> bytes:
     return (output / "final" / "adapter_model.safetensors").read_bytes()
 
 
+def lora_bytes(output: Path) -> bytes:
+    """A diffusion run's adapters, in diffusers' LoRA format."""
+    return (output / "final" / "pytorch_lora_weights.safetensors").read_bytes()
+
+
 @dataclass
 class ForkServer:
     """Client of tests/forkserver.py."""
@@ -71,9 +91,12 @@ class ForkServer:
     env: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def start(cls) -> ForkServer:
-        process = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py")], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True, cwd=REPO)
+    def start(cls, warm: tuple[str, ...] = (), threads: int | None = None) -> ForkServer:
+        """A server with torch, transformers and peft imported, and the modules `warm` names (`diffusers`); with
+        `threads`, torch's CPU threads set to that many (OMP_NUM_THREADS, before torch loads)."""
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads is not None else {})}
+        process = subprocess.Popen([sys.executable, str(REPO / "tests" / "forkserver.py"), *warm],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO, env=env)
         ready = process.stdout.readline()  # type: ignore[union-attr]
         assert json.loads(ready) == {"ready": True}, ready
         return cls(process)
@@ -82,9 +105,10 @@ class ForkServer:
         self.process.stdin.close()  # type: ignore[union-attr]
         self.process.wait(timeout=30)
 
-    def _send(self, args: list[str], log: Path, kill_in_write: int | None, slow_load_s: float | None = None) -> int:
+    def _send(self, args: list[str], log: Path, kill_in_write: int | None, slow_load_s: float | None = None,
+              script: Path | None = None) -> int:
         request = {"args": args, "cwd": str(REPO), "log": str(log), "kill_in_write": kill_in_write,
-                   "slow_load_s": slow_load_s,
+                   "slow_load_s": slow_load_s, "script": str(script) if script is not None else None,
                    "env": {**{k: v for k, v in os.environ.items() if k.startswith(("TUNECAST_", "HF_", "AWS_"))},
                            **self.env}}
         self.process.stdin.write(json.dumps(request) + "\n")  # type: ignore[union-attr]
@@ -117,6 +141,11 @@ class ForkServer:
         return self._send(args, log, None, slow_load_s)
 
     def wait_one(self) -> int:
+        return self._wait()
+
+    def run_script(self, script: Path, args: list[str], log: Path) -> int:
+        """Run the Python file `script` with `args` in a fresh child of the warm server; its exit status."""
+        self._send(args, log, None, script=script)
         return self._wait()
 
     def run(self, args: list[str], log: Path, *, kill_in_write: int | None = None) -> int:

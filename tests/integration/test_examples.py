@@ -33,6 +33,12 @@ def _trains_here(example: Path) -> bool:
     return bool((document.get("dataset") or {}).get("path"))
 
 
+def _refused_method(example: Path, method: str) -> bool:
+    """QLoRA of a diffusion pipeline (a folder with a model_index.json) is refused in one line: not built yet."""
+    model = (yaml.safe_load(example.read_text()) or {}).get("model", "")
+    return method == "qlora" and (example.parent / model / "model_index.json").is_file()
+
+
 CASES = [pytest.param(example, method, id=f"{example.relative_to(REPO / 'examples')}-{method}")
          for example in EXAMPLES for method in METHODS]
 
@@ -43,7 +49,7 @@ pytestmark = pytest.mark.usefixtures("profile_cache")
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ForkServer]:
-    forks = ForkServer.start()
+    forks = ForkServer.start(warm=("diffusers",))  # the diffusion examples' runs too
     yield forks
     forks.stop()
 
@@ -66,7 +72,7 @@ def test_each_example_trains_a_few_steps_or_is_refused_in_one_line(server: ForkS
     code = server.run(["train", str(example), "--method", method, "--set", f"output={output}", *FEW_STEPS], log)
     text = log.read_text()
     _no_internal_error(text)
-    if _trains_here(example):
+    if _trains_here(example) and not _refused_method(example, method):
         assert code == 0, text[-3000:]
         assert sorted(train_losses(output)) == list(range(1, STEPS + 1))
         assert (output / "final").is_dir()

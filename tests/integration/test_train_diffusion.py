@@ -1,0 +1,149 @@
+"""`tunecast train` of a diffusion pipeline on the CPU (issue 34's acceptance): a run killed and resumed ends with
+the same LoRA bytes and the same loss at every step as an uninterrupted run; SIGTERM saves a checkpoint and exits
+75; the result loads with diffusers and makes an image from a prompt; bad data is refused in one line with exit 2.
+
+Runs start in fresh processes forked from a warm server that has imported diffusers (tests/forkserver.py), so each
+kill is a real signal to a real process without paying for the libraries' import every time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.trainruns import IMAGES, REPO, ForkServer, lora_bytes, tiny_diffusion_run, train_losses
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ForkServer]:
+    # one thread: the tiny UNet's steps are too small to share, and two threads on a busy two-core machine spin
+    # against each other (a 0.1 s step took 6 s)
+    forks = ForkServer.start(warm=("diffusers",), threads=1)
+    yield forks
+    forks.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """The uninterrupted run: its output, adapters and losses."""
+    tmp = tmp_path_factory.mktemp("reference")
+    code = server.run(["train", str(tiny_diffusion_run(tmp))], tmp / "log.txt")
+    assert code == 0, (tmp / "log.txt").read_text()[-3000:]
+    return {"output": tmp / "out", "lora": lora_bytes(tmp / "out"), "losses": train_losses(tmp / "out")}
+
+
+def trained(output: Path, steps: int) -> Callable[[], bool]:
+    def ready() -> bool:
+        metrics = output / "metrics.jsonl"
+        return metrics.exists() and metrics.read_text().count('"kind": "train"') >= steps
+
+    return ready
+
+
+def test_uninterrupted_run_trains_every_step(reference: dict) -> None:
+    assert sorted(reference["losses"]) == list(range(1, STEPS + 1))
+    output = reference["output"]
+    assert (output / "final" / "README.md").is_file() and (output / "base" / "model_index.json").is_file()
+    events = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "finished" for e in events)
+    assert all("images_per_second" in e for e in events if e["kind"] == "train")
+
+
+def test_the_run_report_draws_it(server: ForkServer, reference: dict, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    code = server.run(["report", str(reference["output"]), "--output", str(page)], tmp_path / "log.txt")
+    assert code == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    text = page.read_text()
+    assert "images per second" in text and "img/s" in text and "tokens per second" not in text
+
+
+def test_sigkill_then_resume_is_bit_exact(server: ForkServer, reference: dict, tmp_path: Path) -> None:
+    """Killed after its checkpoint of step 2 (and maybe 4), then the same command: the same LoRA bytes and losses."""
+    config = tiny_diffusion_run(tmp_path)
+    code, _ = server.signal_when(["train", str(config)], tmp_path / "log.txt", trained(tmp_path / "out", 3),
+                                 signal_number=signal.SIGKILL)
+    assert code == -signal.SIGKILL, (tmp_path / "log.txt").read_text()[-3000:]
+    assert not (tmp_path / "out" / "final").exists()
+    code = server.run(["train", str(config)], tmp_path / "log2.txt")
+    assert code == 0, (tmp_path / "log2.txt").read_text()[-3000:]
+    assert "resumed from checkpoint" in " ".join((tmp_path / "log2.txt").read_text().split())
+    assert lora_bytes(tmp_path / "out") == reference["lora"]
+    assert train_losses(tmp_path / "out") == reference["losses"]
+
+
+def test_sigterm_saves_exits_75_and_resumes_bit_exact(server: ForkServer, reference: dict, tmp_path: Path) -> None:
+    config = tiny_diffusion_run(tmp_path, **{"checkpoint.every_steps": 100})  # only the preemption checkpoint
+    output = tmp_path / "out"
+    code, seconds = server.signal_when(["train", str(config)], tmp_path / "log.txt", trained(output, 3),
+                                       signal_number=signal.SIGTERM)
+    log = " ".join((tmp_path / "log.txt").read_text().split())
+    assert code == 75, log[-3000:]
+    assert seconds < 5
+    saved = sorted(p.name for p in (output / "checkpoints").iterdir())
+    assert len(saved) == 1 and (output / "checkpoints" / saved[0] / "manifest.json").exists()
+    events = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    assert any(e.get("event") == "preempted" and e.get("signal") == "SIGTERM" for e in events)
+    assert "run the same command again" in log.lower()
+
+    code = server.run(["train", str(config)], tmp_path / "log2.txt")
+    assert code == 0, (tmp_path / "log2.txt").read_text()[-3000:]
+    assert lora_bytes(output) == reference["lora"]
+    assert train_losses(output) == reference["losses"]
+
+
+def test_lora_result_loads_with_diffusers_and_makes_an_image(server: ForkServer, reference: dict,
+                                                              tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(reference["output"]), "lora"], log)
+    assert code == 0, log.read_text()[-3000:]
+    result = json.loads(log.read_text().strip().splitlines()[-1])
+    assert result == {"shape": [32, 32, 3], "finite": True, "changed": True}
+
+
+def test_full_fine_tune_loads_with_diffusers(server: ForkServer, tmp_path: Path) -> None:
+    config = tiny_diffusion_run(tmp_path, method="full", max_steps=2, **{"diffusion.cache_latents": True,
+                                                                          "diffusion.cache_text": True})
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    assert (tmp_path / "out" / "final" / "diffusion_pytorch_model.safetensors").is_file()
+    log = tmp_path / "load.txt"
+    code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(tmp_path / "out"), "full"], log)
+    assert code == 0, log.read_text()[-3000:]
+    assert json.loads(log.read_text().strip().splitlines()[-1])["finite"]
+
+
+def _no_caption(folder: Path) -> str:
+    (folder / "red-circle.txt").unlink()
+    return "red-circle.png: no caption (red-circle.txt is missing)"
+
+
+def _bad_metadata(folder: Path) -> str:
+    (folder / "metadata.jsonl").write_text('{"file_name": "red-circle.png", "text": "a red circle"}\n'
+                                           '{"file_name": "blue-square.png"}\n')
+    return "metadata.jsonl line 2: field 'text' is missing or not text"
+
+
+def _not_an_image(folder: Path) -> str:
+    (folder / "blue-square.png").write_bytes(b"not a png")
+    return "blue-square.png: cannot be read as an image"
+
+
+@pytest.mark.parametrize("damage", [_no_caption, _bad_metadata, _not_an_image], ids=lambda d: d.__name__[1:])
+def test_bad_data_is_refused_in_one_line(server: ForkServer, tmp_path: Path,
+                                         damage: Callable[[Path], str]) -> None:
+    folder = tmp_path / "images"
+    shutil.copytree(IMAGES, folder)
+    said = damage(folder)
+    log = tmp_path / "log.txt"
+    code = server.run(["train", str(tiny_diffusion_run(tmp_path, **{"dataset.path": str(folder)}))], log)
+    text = log.read_text()
+    assert code == 2, text[-3000:]
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and said in " ".join(text.split()), text
+    assert "Traceback" not in text
+    assert not (tmp_path / "out").exists()
