@@ -27,6 +27,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 
 def _warm(extra: list[str]) -> None:
@@ -121,23 +122,20 @@ def _child(request: dict) -> None:
         import runpy
 
         sys.argv = [request["script"], *request["args"]]
-        code = 1
-        try:
-            runpy.run_path(request["script"], run_name="__main__")
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 0
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        _exit_after(lambda: runpy.run_path(request["script"], run_name="__main__"))
     from tunecast.cli import main
     from tunecast.train.signals import PROCESS_FLAG
 
     PROCESS_FLAG.install()  # as tunecast/cli/__init__.py does at the start of `tunecast train`
+    _exit_after(lambda: main(request["args"]))
+
+
+def _exit_after(run: Callable[[], object]) -> None:
+    """Run `run`, then end the child with its exit status (0 when it returns) without the interpreter's teardown."""
     code = 1
     try:
-        main(request["args"])
+        run()
+        code = 0
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else 0
     finally:

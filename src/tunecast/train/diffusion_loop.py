@@ -21,9 +21,8 @@ accumulation steps.
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,11 +47,18 @@ from tunecast.train.batches import epoch_order
 from tunecast.train.diffusion_parts import load_parts, save_base
 from tunecast.train.diffusion_parts import write_final as write_final_files
 from tunecast.train.distributed import Engine
-from tunecast.train.loop import Outcome, Reporter, RunView, checkpoint_if_due, finished, log_step, saved_on_preemption
+from tunecast.train.loop import (
+    Outcome,
+    Session,
+    checkpoint_if_due,
+    clip_and_step,
+    finished,
+    log_step,
+    saved_on_preemption,
+)
 from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import BASE_SAVED
 from tunecast.train.optim import TrainOptimizer, lr_factor, warmup_steps
-from tunecast.train.policy import CheckpointPolicy
 from tunecast.train.preflight import check_pipeline_run, local_pipeline
 from tunecast.train.run import TrainRequest, TrainResult, config_hash, run_length, write_config
 from tunecast.train.session import (
@@ -60,13 +66,13 @@ from tunecast.train.session import (
     checkpoint_policy,
     grad_scaler,
     local_device,
-    restore_checkpoint,
+    resumed_progress,
     resumed_shape,
     run_price,
     seed_everything,
 )
 from tunecast.train.signals import Preempted, PreemptionFlag
-from tunecast.train.state import Progress, capture_rng
+from tunecast.train.state import capture_rng
 from tunecast.units import SECONDS_PER_HOUR
 
 
@@ -133,47 +139,19 @@ class Captions:
         return encode_captions(self.tokenizer, self.encoder, [self.captions[i] for i in indices])
 
 
-@dataclass
-class DiffusionSession:
-    """Everything a diffusion run's loop needs (loop.RunState, and its own parts)."""
+@dataclass(frozen=True)
+class DiffusionData:
+    """What a diffusion run trains on and with, besides the language models' parts of a Session."""
 
-    spec: Any
     pipeline: Pipeline
-    model: Any
-    optimizer: TrainOptimizer
-    scaler: Any
-    engine: Engine
     images: list[Captioned]
     latents: Latents
     captions: Captions
     noise_scheduler: Any  # the UNet models' DDPMScheduler
-    micro_batch: int
-    grad_accum: int
-    total_steps: int
-    schedule_steps: int
-    warmup_steps: int
-    store: CheckpointStore
-    lock: Any
-    metrics: MetricsLog
-    progress: Progress
-    policy: CheckpointPolicy
-    usd_per_hour: float
-    config_yaml: str
-    manifest_meta: dict[str, Any]
-    flag: PreemptionFlag
-    reporter: Reporter
-    started: float
-    elapsed_before_s: float
-    device: torch.device
-    trainable: list[torch.nn.Parameter]
     base: str  # the base final/ loads into: the run's base/, the pipeline folder or its Hub id
-    rng_at_boundary: dict[str, Any] = field(default_factory=capture_rng)
-    step_seconds: float = 0.0
-    trained_tokens: int = 0  # none: a diffusion run counts images
-    trained_images: int = 0
-    trained_seconds: float = 0.0
-    checkpoints: bool = True
-    view: RunView | None = None
+
+
+DiffusionSession = Session[DiffusionData]
 
 
 def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag,
@@ -214,11 +192,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = TrainOptimizer(spec, trainable)
     scaler = grad_scaler(spec, engine)
-    progress = Progress()
-    if found is not None:
-        progress = restore_checkpoint(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
-                                      result=result, reporter=reporter)
-        result.resumed_from = found.step
+    progress = resumed_progress(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
+                                result=result, reporter=reporter)
     metrics = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None)
     usd_per_hour, price_note = run_price(spec, device, catalog)
     policy = checkpoint_policy(spec, catalog, trainable)
@@ -250,43 +225,36 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
                    "width": shape.width, "height": shape.height, "images": len(images)})
     if found is not None:
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {length.steps}")
-    return DiffusionSession(
-        spec=spec, pipeline=pipeline, model=model, optimizer=optimizer, scaler=scaler, engine=engine, images=images,
-        latents=latents, captions=captions, noise_scheduler=noise_scheduler, micro_batch=micro_batch,
-        grad_accum=grad_accum, total_steps=length.steps, schedule_steps=length.schedule_steps,
-        warmup_steps=warmup_steps(spec, length.schedule_steps), store=store, lock=lock, metrics=metrics,
-        progress=progress, policy=policy, usd_per_hour=usd_per_hour, config_yaml=config_yaml, manifest_meta=meta,
-        flag=flag, reporter=reporter, started=request.started, elapsed_before_s=progress.elapsed_s,
-        device=engine.device, trainable=trainable, base=base)
+    data = DiffusionData(pipeline, images, latents, captions, noise_scheduler, base)
+    return Session(spec=spec, model=model, optimizer=optimizer, scaler=scaler, engine=engine, data=data,
+                   micro_batch=micro_batch, grad_accum=grad_accum, total_steps=length.steps,
+                   schedule_steps=length.schedule_steps, warmup_steps=warmup_steps(spec, length.schedule_steps),
+                   store=store, lock=lock, metrics=metrics, progress=progress, policy=policy,
+                   usd_per_hour=usd_per_hour, config_yaml=config_yaml, manifest_meta=meta, flag=flag,
+                   reporter=reporter, started=request.started, elapsed_before_s=progress.elapsed_s,
+                   device=engine.device, trainable=trainable)
 
 
 def _optimizer_step(session: DiffusionSession, micro: list[list[int]], generator: torch.Generator
                     ) -> tuple[float, float, float]:
     """Forward and backward over the step's micro-batches of images, then clip and step: (mean loss, grad norm,
     the time the passes ended)."""
-    spec, pipeline = session.spec, session.pipeline
+    spec, pipeline = session.spec, session.data.pipeline
     dtype = weight_dtype(diffusion_settings(spec))
     cast = autocast_dtype(diffusion_settings(spec))
-    source = NoiseSource(generator, session.noise_scheduler)
+    source = NoiseSource(generator, session.data.noise_scheduler)
     total = 0.0
     for indices in micro:
         session.flag.check()
-        latents = session.latents.batch(indices, generator).to(session.device)  # (batch, channels, h, w)
-        conditioning = session.captions.batch(indices)
+        latents = session.data.latents.batch(indices, generator).to(session.device)  # (batch, channels, h, w)
+        conditioning = session.data.captions.batch(indices)
         with torch.autocast(session.device.type, dtype=cast, enabled=cast is not None):
             loss = training_loss(session.model, pipeline, latents, dtype, conditioning, source)
         scaled = loss / len(micro)
         (session.scaler.scale(scaled) if session.scaler is not None else scaled).backward()
         total += float(loss.detach()) / len(micro)
     passes_done = time.monotonic()
-    grad_norm = float("nan")
-    if not session.optimizer.in_backward:
-        if session.scaler is not None:
-            session.scaler.unscale_(session.optimizer.optimizers[0])
-        limit = spec.max_grad_norm if spec.max_grad_norm > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(session.trainable, limit))
-    session.optimizer.step(session.scaler)
-    session.optimizer.zero_grad()
+    grad_norm = clip_and_step(session)
     return total, grad_norm, passes_done
 
 
@@ -305,7 +273,7 @@ def train(session: DiffusionSession) -> Outcome:
             session.flag.check()
 
             # 2. this step's images, from the data position; its generator
-            order = orders.setdefault(progress.epoch, epoch_order(len(session.images), spec.seed, progress.epoch))
+            order = orders.setdefault(progress.epoch, epoch_order(len(session.data.images), spec.seed, progress.epoch))
             chosen = order[progress.offset:progress.offset + per_step]
             micro = [chosen[at:at + session.micro_batch] for at in range(0, len(chosen), session.micro_batch)]
             generator = step_generator(spec.seed, progress.step)
@@ -330,7 +298,7 @@ def train(session: DiffusionSession) -> Outcome:
                 orders.pop(progress.epoch - 1, None)
             session.rng_at_boundary = capture_rng()
             session.trained_images += len(chosen)
-            log_step(session, {"epoch": progress.epoch + progress.offset / len(session.images), "loss": loss,
+            log_step(session, {"epoch": progress.epoch + progress.offset / len(session.data.images), "loss": loss,
                                "learning_rate": lr, "grad_norm": grad_norm, "images": len(chosen),
                                "images_per_second": len(chosen) / seconds if seconds else 0.0},
                      seconds=seconds, optimizer_seconds=ended - passes_done)
@@ -340,36 +308,36 @@ def train(session: DiffusionSession) -> Outcome:
 
 
 def write_final(session: DiffusionSession, storage: Storage, loaded: LoadedPipeline) -> None:
-    write_final_files(session.model, session.pipeline, session.spec, storage, model_card(session, loaded),
+    write_final_files(session.model, session.data.pipeline, session.spec, storage, model_card(session, loaded),
                       {"kind": "final", "step": session.progress.step, "schedule_steps": session.schedule_steps})
 
 
 def model_card(session: DiffusionSession, loaded: LoadedPipeline) -> str:
-    spec, progress, pipeline = session.spec, session.progress, session.pipeline
+    spec, progress, pipeline = session.spec, session.progress, session.data.pipeline
     denoiser = pipeline.classes[pipeline.denoiser]
     if spec.method == "lora":
         what = (f"LoRA adapters of the {denoiser} (rank {spec.lora.rank}, alpha {spec.lora.alpha}), in diffusers' "
                 "LoRA format")
         load = (f"```python\nfrom diffusers import {pipeline.pipeline_class}\n"
-                f"pipe = {pipeline.pipeline_class}.from_pretrained({session.base!r})\n"
+                f"pipe = {pipeline.pipeline_class}.from_pretrained({session.data.base!r})\n"
                 "pipe.load_lora_weights('FINAL_DIR')\n```")
     else:
         what = f"the fully fine-tuned {denoiser}"
         load = (f"```python\nfrom diffusers import {pipeline.pipeline_class}, {denoiser}\n"
                 f"{pipeline.denoiser} = {denoiser}.from_pretrained('FINAL_DIR')\n"
-                f"pipe = {pipeline.pipeline_class}.from_pretrained({session.base!r}, {pipeline.denoiser}="
+                f"pipe = {pipeline.pipeline_class}.from_pretrained({session.data.base!r}, {pipeline.denoiser}="
                 f"{pipeline.denoiser})\n```")
     shape = diffusion_shape(spec, pipeline)
     lines = [
         f"# {pipeline.name}: {spec.method} fine-tune by tunecast", "",
-        f"{what[0].upper()}{what[1:]} of `{pipeline.name}` (base: `{session.base}`).", "",
+        f"{what[0].upper()}{what[1:]} of `{pipeline.name}` (base: `{session.data.base}`).", "",
         "| | |", "|---|---|",
         f"| objective | {pipeline.objective} |",
         f"| precision, optimizer | {spec.precision}, {spec.optimizer} (learning rate {spec.learning_rate:g}, "
         f"{spec.schedule}, {session.warmup_steps} warm-up steps) |",
         f"| batch | micro-batch {session.micro_batch} × accumulation {session.grad_accum} images of "
         f"{shape.width}×{shape.height} px |",
-        f"| data | `{spec.dataset.path}`: {len(session.images)} images with captions |",
+        f"| data | `{spec.dataset.path}`: {len(session.data.images)} images with captions |",
         f"| trained | {progress.step:,} optimizer steps |",
         f"| time, cost | {progress.elapsed_s / SECONDS_PER_HOUR:.3f} hours, ${progress.cost_usd:,.2f} at "
         f"${session.usd_per_hour:g}/h |",

@@ -13,6 +13,7 @@ from typing import Any
 
 from tunecast.config.load import LoadedSpec
 from tunecast.storage.store import Storage, write_set
+from tunecast.train.batches import TrainData
 from tunecast.train.loop import Session
 from tunecast.train.model import BASE_SAVED, folder_files, save_tokenizer
 from tunecast.train.run import FINAL
@@ -29,7 +30,7 @@ def base_reference(loaded: LoadedSpec, storage: Storage) -> str:
     return loaded.model.name
 
 
-def write_final(session: Session, storage: Storage, loaded: LoadedSpec) -> None:
+def write_final(session: Session[TrainData], storage: Storage, loaded: LoadedSpec) -> None:
     """Every rank calls it: under FSDP2 the whole weights are gathered from the shards first; rank 0 writes."""
     engine = session.engine
     model = engine.unwrap(session.model)
@@ -54,7 +55,7 @@ def write_final(session: Session, storage: Storage, loaded: LoadedSpec) -> None:
     engine.barrier()
 
 
-def model_card(session: Session, loaded: LoadedSpec, base: str) -> str:
+def model_card(session: Session[TrainData], loaded: LoadedSpec, base: str) -> str:
     spec, progress, data = session.spec, session.progress, session.data
     what = "a full fine-tune" if spec.method == "full" else (
         f"a {'QLoRA' if spec.method == 'qlora' else 'LoRA'} adapter (rank {spec.lora.rank}, alpha {spec.lora.alpha}, "

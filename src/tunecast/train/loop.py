@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 
@@ -70,46 +70,20 @@ class RunView(Protocol):
     def __call__(self, storage: Storage, metrics: str, config: str) -> None: ...
 
 
-class RunState(Protocol):
-    """What the loop's shared parts (checkpoints, the step's metrics line, the preemption save, the view) need of a
-    run: a language model's Session below, or a diffusion run's (diffusion_loop.py)."""
-
-    spec: RunSpec
-    model: Any
-    optimizer: TrainOptimizer
-    scaler: Any
-    engine: Engine
-    total_steps: int
-    schedule_steps: int
-    warmup_steps: int
-    store: CheckpointStore
-    metrics: MetricsLog
-    progress: Progress
-    policy: CheckpointPolicy
-    usd_per_hour: float
-    config_yaml: str
-    manifest_meta: dict[str, Any]
-    reporter: Reporter
-    started: float
-    elapsed_before_s: float
-    device: torch.device
-    rng_at_boundary: dict[str, Any]
-    step_seconds: float
-    trained_seconds: float
-    checkpoints: bool
-    view: RunView | None
+DataT = TypeVar("DataT")
 
 
 @dataclass
-class Session:
-    """Everything one process's run needs, set up by run.py."""
+class Session(Generic[DataT]):
+    """Everything one process's run needs, set up by run.py: a language model's (`data` its TrainData,
+    session.py) or a diffusion pipeline's (`data` its images, latents and captions, diffusion_loop.py)."""
 
     spec: RunSpec
     model: Any
     optimizer: TrainOptimizer
     scaler: Any  # torch GradScaler for fp16-mixed, else None
     engine: Engine
-    data: TrainData
+    data: DataT
     micro_batch: int
     grad_accum: int
     total_steps: int  # the step the run ends at
@@ -131,6 +105,7 @@ class Session:
     rng_at_boundary: dict[str, Any] = field(default_factory=capture_rng)
     step_seconds: float = 0.0  # a running mean, for the ETA
     trained_tokens: int = 0  # real tokens of the steps this process ran, and their seconds
+    trained_images: int = 0  # a diffusion run's images (0 for a language model's)
     trained_seconds: float = 0.0
     trainable: list[torch.nn.Parameter] = field(default_factory=list)
     tokenizer: Any = None  # the TokenizerCounter the data was tokenized with (saved with final/)
@@ -150,7 +125,7 @@ class Outcome:
     lost: str | None = None  # another rank was lost: what the failed collective said (nothing new saved)
 
 
-def elapsed_s(session: RunState) -> float:
+def elapsed_s(session: Session[Any]) -> float:
     return session.elapsed_before_s + time.monotonic() - session.started
 
 
@@ -161,7 +136,7 @@ def _peak_memory(device: torch.device) -> dict[str, float]:
     return {"peak_rss_gib": peak_rss_gib()}
 
 
-def save_checkpoint(session: RunState, reason: str) -> float:
+def save_checkpoint(session: Session[Any], reason: str) -> float:
     """Write the checkpoint of the current step boundary (skipped when a valid one of this step exists);
     returns the seconds it took. Old checkpoints beyond `checkpoint.keep` are pruned after it. Every rank
     calls it: each writes its own files, then rank 0 the manifest."""
@@ -214,7 +189,7 @@ def step_counts(micro: list[list[Unit]]) -> tuple[int, int, int]:
     return tokens, padded, trained
 
 
-def evaluate(session: Session) -> float:
+def evaluate(session: Session[TrainData]) -> float:
     """Mean loss per trained token over the held-out examples (no gradients, no random draws), each rank
     evaluating its share."""
     model, spec, engine = session.model, session.spec, session.engine
@@ -240,7 +215,7 @@ def evaluate(session: Session) -> float:
     return summed_total / max(1.0, summed_tokens)
 
 
-def _eval_due(session: Session) -> bool:
+def _eval_due(session: Session[TrainData]) -> bool:
     spec, progress = session.spec, session.progress
     if spec.eval.examples == 0 or progress.last_eval_step == progress.step:
         return False
@@ -249,7 +224,7 @@ def _eval_due(session: Session) -> bool:
                           every_steps=spec.eval.every_steps)
 
 
-def _run_eval(session: Session) -> None:
+def _run_eval(session: Session[TrainData]) -> None:
     started = time.monotonic()
     loss = evaluate(session)
     session.progress.last_eval_step = session.progress.step
@@ -259,7 +234,7 @@ def _run_eval(session: Session) -> None:
     session.reporter.event("eval", f"step {session.progress.step}: eval loss {loss:.4f}")
 
 
-def _optimizer_step(session: Session, passes: list[Batch | None], stand_in: Batch, trained: int
+def _optimizer_step(session: Session[TrainData], passes: list[Batch | None], stand_in: Batch, trained: int
                     ) -> tuple[float, float, float]:
     """Forward and backward over this rank's micro-batches of the step (None: a stand-in pass whose loss counts
     for nothing), then clip and step. `trained` is the trained tokens of the whole global step. Returns (loss of
@@ -289,21 +264,29 @@ def _optimizer_step(session: Session, passes: list[Batch | None], stand_in: Batc
         if batch is not None:
             loss += value or 0.0
     passes_done = time.monotonic()
-    grad_norm = float("nan")
-    if not session.optimizer.in_backward:
-        if session.scaler is not None:
-            session.scaler.unscale_(session.optimizer.optimizers[0])
-        limit = spec.max_grad_norm if spec.max_grad_norm > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(session.trainable, limit)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    session.optimizer.step(session.scaler)
-    session.optimizer.zero_grad()
+    grad_norm = clip_and_step(session)
     if ranks > 1:
         (loss,) = engine.reduce_sum([loss])
     return loss, grad_norm, passes_done
 
 
-def train(session: Session) -> Outcome:
+def clip_and_step(session: Session[Any]) -> float:
+    """After the step's backward passes: the gradients unscaled (fp16), clipped to `max_grad_norm`, the optimizer's
+    step, the gradients dropped. Returns the norm before clipping (NaN when the optimizer stepped inside the
+    backward pass, where there is nothing to clip)."""
+    grad_norm = float("nan")
+    if not session.optimizer.in_backward:
+        if session.scaler is not None:
+            session.scaler.unscale_(session.optimizer.optimizers[0])
+        limit = session.spec.max_grad_norm if session.spec.max_grad_norm > 0 else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(session.trainable, limit)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    session.optimizer.step(session.scaler)
+    session.optimizer.zero_grad()
+    return grad_norm
+
+
+def train(session: Session[TrainData]) -> Outcome:
     """Run optimizer steps until `total_steps`, or until a preemption signal."""
     spec, progress, data, engine = session.spec, session.progress, session.data, session.engine
     world = engine.world
@@ -367,7 +350,7 @@ def train(session: Session) -> Outcome:
     return finished(session)
 
 
-def checkpoint_if_due(session: RunState) -> None:
+def checkpoint_if_due(session: Session[Any]) -> None:
     """The checkpoint due at this step boundary, if one is (never before the first step)."""
     progress, engine = session.progress, session.engine
     due = session.checkpoints and progress.step > 0 and session.policy.due(progress.step)
@@ -378,7 +361,7 @@ def checkpoint_if_due(session: RunState) -> None:
         save_checkpoint(session, "interval")
 
 
-def saved_on_preemption(session: RunState, stop: Preempted) -> Outcome:
+def saved_on_preemption(session: Session[Any], stop: Preempted) -> Outcome:
     """A signal stopped the step in progress: its gradients are dropped and the state at the step's start saved (a
     measuring run, which saves nothing, lets the signal go on up)."""
     progress, world = session.progress, session.engine.world
@@ -397,14 +380,14 @@ def saved_on_preemption(session: RunState, stop: Preempted) -> Outcome:
     return Outcome(False, progress, stop.signal_name, progress.step)
 
 
-def finished(session: RunState) -> Outcome:
+def finished(session: Session[Any]) -> Outcome:
     """The run reached its last step: the checkpoint of that step (final/ is written from it)."""
     if session.checkpoints:
         save_checkpoint(session, "end of training")
     return Outcome(True, session.progress, None, session.progress.step)
 
 
-def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tokens: int, padded: int,
+def _log_step(session: Session[TrainData], *, loss: float, lr: float, grad_norm: float, tokens: int, padded: int,
               seconds: float, optimizer_seconds: float, per_step: int) -> None:
     progress = session.progress
     session.trained_tokens += tokens
@@ -415,7 +398,7 @@ def _log_step(session: Session, *, loss: float, lr: float, grad_norm: float, tok
              seconds=seconds, optimizer_seconds=optimizer_seconds)
 
 
-def log_step(session: RunState, measured: dict[str, Any], *, seconds: float, optimizer_seconds: float) -> None:
+def log_step(session: Session[Any], measured: dict[str, Any], *, seconds: float, optimizer_seconds: float) -> None:
     """The step just done: its `train` line in metrics.jsonl (every `log_every_steps`, and the last) with what the
     run `measured` of it, the peak memory so far, time and cost; and the progress line, with the ETA (a running mean
     of the step time) and the cost at the end."""
@@ -452,7 +435,7 @@ def lost_peer(error: BaseException) -> bool:
                                          "Broken pipe", "timed out", "Timed out"))
 
 
-def refresh_view(session: RunState) -> None:
+def refresh_view(session: Session[Any]) -> None:
     """Rank 0 hands the run so far to its view (`train --report` draws report.html from it). A view that fails is
     said and training goes on: it shows the run, it is not part of it."""
     if session.view is None or not session.engine.world.main:

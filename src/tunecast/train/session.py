@@ -23,7 +23,7 @@ from tunecast.errors import Problem, SharedError, TunecastError
 from tunecast.step.settings import TraceSettings
 from tunecast.step.setup import decoder_layers, prepare_for_training
 from tunecast.storage.store import MANIFEST, CheckpointStore, InvalidSet, Loaded, Storage, local_folder
-from tunecast.train.batches import run_data
+from tunecast.train.batches import TrainData, run_data
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 from tunecast.train.distributed import Engine, PeerLost
 from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib, keep_freed_memory, reset_peak_rss
@@ -155,7 +155,8 @@ def run_price(spec: Any, device: Device, catalog: Catalog, gpus: int = 1) -> tup
 
 def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, flag: PreemptionFlag, reporter: Any,
                   *, storage: Storage, store: CheckpointStore, lock: Any, found: Loaded | None,
-                  resolved_then: dict[str, Any] | None, result: TrainResult, engine: Engine | None = None) -> Session:
+                  resolved_then: dict[str, Any] | None, result: TrainResult, engine: Engine | None = None
+                  ) -> Session[TrainData]:
     spec, resolved_model = loaded.spec, loaded.model
     engine = engine or Engine.start(world_from_env())
     world = engine.world
@@ -250,11 +251,8 @@ def build_session(loaded: LoadedSpec, catalog: Catalog, request: TrainRequest, f
                                        severity="warning"))
     scaler = grad_scaler(spec, engine)
 
-    progress = Progress()
-    if found is not None:
-        progress = restore_checkpoint(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
-                            result=result, reporter=reporter)
-        result.resumed_from = found.step
+    progress = resumed_progress(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
+                                result=result, reporter=reporter)
     metrics: Any = MetricsLog(storage, keep_bytes=progress.metrics_bytes if found is not None else None) if main \
         else NoMetrics()
 
@@ -358,6 +356,16 @@ def resumed_shape(spec: Any, resolved_then: dict[str, Any], world_size: int) -> 
                                      f"{global_batch // fixed['micro_batch']}")
         fixed["grad_accum"] = global_batch // (fixed["micro_batch"] * world_size)
     return spec.with_changes(fixed | {"global_batch": None})
+
+
+def resumed_progress(found: Loaded | None, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any,
+                     optimizer: Any, scaler: Any, result: TrainResult, reporter: Any) -> Progress:
+    """Where the run starts: step 0, or the checkpoint `found` restored (said in `result`)."""
+    if found is None:
+        return Progress()
+    result.resumed_from = found.step
+    return restore_checkpoint(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
+                              result=result, reporter=reporter)
 
 
 def restore_checkpoint(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
