@@ -300,23 +300,29 @@ class NoiseSource:
     generator: Any | None = None
     scheduler: Any | None = None
 
+    # A generator draws on its own device (the CPU's), and the values move to the batch's device, as diffusers'
+    # randn_tensor does: the same draws on any device.
     def normal(self, like: Any) -> Any:
         import torch
 
         if self.generator is None:
             return torch.randn_like(like)
-        return torch.randn(like.shape, generator=self.generator, dtype=like.dtype, device=like.device)
+        return torch.randn(like.shape, generator=self.generator, dtype=like.dtype).to(like.device)
 
     def uniform(self, count: int, device: Any) -> Any:
         import torch
 
-        return torch.rand(count, generator=self.generator, device=device)
+        if self.generator is None:
+            return torch.rand(count, device=device)
+        return torch.rand(count, generator=self.generator).to(device)
 
     def timesteps(self, count: int, device: Any) -> Any:
         import torch
 
         steps = int(self.scheduler.config.num_train_timesteps) if self.scheduler is not None else 1000
-        return torch.randint(0, steps, (count,), generator=self.generator, device=device)
+        if self.generator is None:
+            return torch.randint(0, steps, (count,), device=device)
+        return torch.randint(0, steps, (count,), generator=self.generator).to(device)
 
 
 def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any, conditioning: Conditioning | None = None,

@@ -115,7 +115,8 @@ class Latents:
             std = torch.stack([self.cached[i][1] for i in indices])
         else:
             mean, std = self._distribution(indices)
-        sample = mean + std * torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        drawn = torch.randn(mean.shape, generator=generator, dtype=mean.dtype).to(mean.device)  # on the CPU
+        sample = mean + std * drawn
         return ((sample - self.shift) * self.scaling).to(self.dtype)
 
 
@@ -316,13 +317,13 @@ def model_card(session: DiffusionSession, loaded: LoadedPipeline) -> str:
     spec, progress, pipeline = session.spec, session.progress, session.data.pipeline
     denoiser = pipeline.classes[pipeline.denoiser]
     if spec.method == "lora":
-        what = (f"LoRA adapters of the {denoiser} (rank {spec.lora.rank}, alpha {spec.lora.alpha}), in diffusers' "
-                "LoRA format")
+        what = (f"LoRA adapters (rank {spec.lora.rank}, alpha {spec.lora.alpha}) of the {denoiser} of "
+                f"`{pipeline.name}`, in diffusers' LoRA format")
         load = (f"```python\nfrom diffusers import {pipeline.pipeline_class}\n"
                 f"pipe = {pipeline.pipeline_class}.from_pretrained({session.data.base!r})\n"
                 "pipe.load_lora_weights('FINAL_DIR')\n```")
     else:
-        what = f"the fully fine-tuned {denoiser}"
+        what = f"The fully fine-tuned {denoiser} of `{pipeline.name}`"
         load = (f"```python\nfrom diffusers import {pipeline.pipeline_class}, {denoiser}\n"
                 f"{pipeline.denoiser} = {denoiser}.from_pretrained('FINAL_DIR')\n"
                 f"pipe = {pipeline.pipeline_class}.from_pretrained({session.data.base!r}, {pipeline.denoiser}="
@@ -330,7 +331,7 @@ def model_card(session: DiffusionSession, loaded: LoadedPipeline) -> str:
     shape = diffusion_shape(spec, pipeline)
     lines = [
         f"# {pipeline.name}: {spec.method} fine-tune by tunecast", "",
-        f"{what[0].upper()}{what[1:]} of `{pipeline.name}` (base: `{session.data.base}`).", "",
+        f"{what} (base: `{session.data.base}`).", "",
         "| | |", "|---|---|",
         f"| objective | {pipeline.objective} |",
         f"| precision, optimizer | {spec.precision}, {spec.optimizer} (learning rate {spec.learning_rate:g}, "
