@@ -1,5 +1,6 @@
 """Load a finished diffusion run's result with diffusers, as its model card says, and make an image from a prompt
-(2 inference steps, 32 px): `python load_diffusion_result.py OUTPUT lora|full`. Prints one JSON line: the image's
+(2 inference steps, 32 px): `python load_diffusion_result.py OUTPUT lora|full` (the pipeline class is the one the
+run's base/model_index.json names: StableDiffusionPipeline or StableDiffusionXLPipeline). Prints one JSON line: the image's
 shape, whether every value is finite, and whether the result changed the image the base pipeline makes (the
 trained weights were applied). Run by tests/integration/test_train_diffusion.py in a warm fork server's child."""
 
@@ -10,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import numpy as np
 import torch
-from diffusers import StableDiffusionPipeline, UNet2DConditionModel
+from diffusers import UNet2DConditionModel
 from diffusers.utils import logging
 
 PROMPT = "a red circle on a white background"
@@ -26,14 +28,15 @@ def image(pipe: Any) -> np.ndarray:
 def main() -> None:
     logging.set_verbosity_error()
     output, method = Path(sys.argv[1]), sys.argv[2]
-    pipe = StableDiffusionPipeline.from_pretrained(str(output / "base"), safety_checker=None)
+    kind = getattr(diffusers, json.loads((output / "base" / "model_index.json").read_text())["_class_name"])
+    pipe = kind.from_pretrained(str(output / "base"))
     pipe.set_progress_bar_config(disable=True)
     before = image(pipe)
     if method == "lora":
         pipe.load_lora_weights(str(output / "final"))
     else:
         unet = UNet2DConditionModel.from_pretrained(str(output / "final"))
-        pipe = StableDiffusionPipeline.from_pretrained(str(output / "base"), unet=unet, safety_checker=None)
+        pipe = kind.from_pretrained(str(output / "base"), unet=unet)
         pipe.set_progress_bar_config(disable=True)
     after = image(pipe)
     print(json.dumps({"shape": list(after.shape), "finite": bool(np.isfinite(after).all()),

@@ -49,6 +49,33 @@ def tiny_diffusion_run(tmp: Path, name: str = "run.yaml", **changes: Any) -> Pat
     }, changes)
 
 
+def tiny_sdxl_pipeline(folder: Path) -> Path:
+    """The tiny pipeline made SDXL-shaped in `folder`: a second text encoder (CLIPTextModelWithProjection, the same
+    tokenizer), the UNet conditioned on the pooled embedding and the size conditioning (`text_time`), attending to
+    both encoders' hidden states side by side."""
+    import shutil
+
+    shutil.copytree(TINY_PIPELINE, folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index.update({"_class_name": "StableDiffusionXLPipeline", "force_zeros_for_empty_prompt": True,
+                  "text_encoder_2": ["transformers", "CLIPTextModelWithProjection"],
+                  "tokenizer_2": ["transformers", "CLIPTokenizer"]})
+    for name in ("feature_extractor", "image_encoder", "requires_safety_checker", "safety_checker"):
+        index.pop(name)
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+    shutil.copytree(folder / "tokenizer", folder / "tokenizer_2")
+    encoder = json.loads((folder / "text_encoder" / "config.json").read_text())
+    (folder / "text_encoder_2").mkdir()
+    (folder / "text_encoder_2" / "config.json").write_text(json.dumps(
+        {**encoder, "architectures": ["CLIPTextModelWithProjection"]}, indent=2))
+    unet = json.loads((folder / "unet" / "config.json").read_text())
+    width = encoder["hidden_size"]
+    unet.update({"addition_embed_type": "text_time", "addition_time_embed_dim": 8, "cross_attention_dim": 2 * width,
+                 "projection_class_embeddings_input_dim": 6 * 8 + encoder["projection_dim"]})
+    (folder / "unet" / "config.json").write_text(json.dumps(unet, indent=2))
+    return folder
+
+
 def _write_run(path: Path, config: dict[str, Any], changes: dict[str, Any]) -> Path:
     for key, value in changes.items():  # a dotted key; None removes it
         node = config

@@ -15,7 +15,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.trainruns import IMAGES, REPO, ForkServer, lora_bytes, tiny_diffusion_run, train_losses
+from tests.trainruns import (
+    IMAGES,
+    REPO,
+    ForkServer,
+    lora_bytes,
+    tiny_diffusion_run,
+    tiny_sdxl_pipeline,
+    train_losses,
+)
 
 STEPS = 8
 
@@ -115,6 +123,18 @@ def test_full_fine_tune_loads_with_diffusers(server: ForkServer, tmp_path: Path)
     code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(tmp_path / "out"), "full"], log)
     assert code == 0, log.read_text()[-3000:]
     assert json.loads(log.read_text().strip().splitlines()[-1])["finite"]
+
+
+def test_sdxl_lora_trains_and_loads_with_diffusers(server: ForkServer, tmp_path: Path) -> None:
+    """SDXL's two text encoders, pooled embedding and size conditioning (the images are 64 × 48 and 48 × 48, cut to
+    32 px): the LoRA result loads into StableDiffusionXLPipeline and makes an image."""
+    config = tiny_diffusion_run(tmp_path, model=str(tiny_sdxl_pipeline(tmp_path / "sdxl")), max_steps=2)
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    log = tmp_path / "load.txt"
+    code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(tmp_path / "out"), "lora"], log)
+    assert code == 0, log.read_text()[-3000:]
+    assert json.loads(log.read_text().strip().splitlines()[-1]) == {"shape": [32, 32, 3], "finite": True,
+                                                                     "changed": True}
 
 
 def _no_caption(folder: Path) -> str:

@@ -287,11 +287,16 @@ def _train_pipeline(ctx: typer.Context, loaded: LoadedPipeline, fresh: bool, jso
                     flag: PreemptionFlag, started: float, report: bool) -> int:
     """A diffusion pipeline's run (one process): its images, settings and weights checked before the libraries
     load."""
+    from tunecast.errors import TunecastError
     from tunecast.storage.lock import probe_lock
     from tunecast.storage.store import Storage
     from tunecast.train.preflight import check_pipeline_run
     from tunecast.train.run import output_url
+    from tunecast.train.world import world_from_env
 
+    if world_from_env().distributed:
+        raise TunecastError("a diffusion pipeline trains in one process for now, and a launcher started several",
+                            field="gpus.count", hint="run tunecast train without torchrun or accelerate launch")
     check_pipeline_run(loaded.spec, loaded.pipeline)
     probe_lock(Storage(output_url(loaded.spec)))
     print_problems(list(loaded.warnings))

@@ -106,6 +106,14 @@ def _check_opens(image: Path) -> None:
                    "replace or remove the file") from None
 
 
+def _cover(source: tuple[int, int], width: int, height: int) -> tuple[tuple[int, int], int, int]:
+    """An image of `source` (width, height) scaled to cover width × height: its scaled size, and the left and top of
+    the centred crop in it."""
+    scale = max(width / source[0], height / source[1])
+    size = (max(width, round(source[0] * scale)), max(height, round(source[1] * scale)))
+    return size, (size[0] - width) // 2, (size[1] - height) // 2
+
+
 def load_pixels(image: Path, width: int, height: int) -> Any:
     """The image at the training size: scaled (bilinear) to cover width × height, cropped around its centre, RGB in
     [-1, 1] as float32, shape (3, height, width): a NumPy array."""
@@ -114,10 +122,19 @@ def load_pixels(image: Path, width: int, height: int) -> Any:
 
     with Image.open(image) as opened:
         rgb = opened.convert("RGB")
-    scale = max(width / rgb.width, height / rgb.height)
-    size = (max(width, round(rgb.width * scale)), max(height, round(rgb.height * scale)))
+    size, left, top = _cover(rgb.size, width, height)
     resized = rgb.resize(size, Image.Resampling.BILINEAR)
-    left, top = (size[0] - width) // 2, (size[1] - height) // 2
     cropped = resized.crop((left, top, left + width, top + height))
     pixels = np.asarray(cropped, dtype=np.float32) / 127.5 - 1.0  # (height, width, 3)
     return np.ascontiguousarray(pixels.transpose(2, 0, 1))
+
+
+def size_conditioning(image: Path, width: int, height: int) -> tuple[int, int, int, int, int, int]:
+    """SDXL's size conditioning of the image at the training size (train_text_to_image_sdxl.py's add_time_ids): its
+    original (height, width), the crop's (top, left) in the scaled image, and the training (height, width)."""
+    from PIL import Image
+
+    with Image.open(image) as opened:
+        source = opened.size
+    _, left, top = _cover(source, width, height)
+    return source[1], source[0], top, left, height, width

@@ -400,27 +400,44 @@ def _flux_forward(model: Any, config: dict[str, Any], noisy: Any, states: Any, p
         batch, channels, height, width)
 
 
+def is_sdxl(pipeline: Pipeline) -> bool:
+    """SDXL's UNet: conditioned on the pooled text embedding and the images' sizes (`text_time`)."""
+    return pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
+
+
 def untrained_reason(pipeline: Pipeline) -> str | None:
     """Why `tunecast train` cannot train this pipeline yet (None: it can). It trains the UNet models conditioned on
-    one CLIP text encoder (Stable Diffusion 1.x and 2.x, epsilon or v-prediction); SDXL's size conditioning, SD3's
-    and FLUX's text encoders (CLIP and T5) and video are not built yet."""
+    one CLIP text encoder (Stable Diffusion 1.x and 2.x, epsilon or v-prediction) and SDXL (two CLIP encoders, the
+    pooled embedding and the size conditioning); SD3's and FLUX's text encoders (CLIP and T5) and video are not built
+    yet."""
     config = pipeline.configs[pipeline.denoiser]
     if pipeline.family != "unet":
         return f"training a {pipeline.classes[pipeline.denoiser]} is not built yet"
+    if is_sdxl(pipeline):
+        return None if len(pipeline.text_encoders) == 2 else "SDXL's UNet trains with its two text encoders"
     if config.get("addition_embed_type") is not None:
-        return "training SDXL's UNet (pooled text and size conditioning) is not built yet"
+        return f"training a UNet with addition_embed_type {config['addition_embed_type']!r} is not built yet"
     if len(pipeline.text_encoders) != 1:
         return f"training with {len(pipeline.text_encoders)} text encoders is not built yet"
     return None
 
 
-def encode_captions(tokenizer: Any, encoder: Any, captions: list[str]) -> Conditioning:
-    """The captions as the UNet attends to them, as diffusers' train_text_to_image.py makes them: token ids padded
-    and truncated to the tokenizer's `model_max_length`, the text encoder's last hidden state, without gradients."""
+def encode_captions(tokenizers: list[Any], encoders: list[Any], captions: list[str]) -> Conditioning:
+    """The captions as the UNet attends to them, as diffusers' examples make them: each tokenizer's ids padded and
+    truncated to its `model_max_length`, without gradients. One encoder (train_text_to_image.py): its last hidden
+    state. SDXL's two (train_text_to_image_sdxl.py encode_prompt): the hidden states before each one's last layer,
+    side by side, and the second one's pooled projection."""
     import torch
 
-    ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
-                    return_tensors="pt").input_ids
+    states, pooled = [], None
     with torch.no_grad():
-        states = encoder(ids.to(encoder.device), return_dict=False)[0]
-    return Conditioning(states)
+        for tokenizer, encoder in zip(tokenizers, encoders, strict=True):
+            ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                            return_tensors="pt").input_ids.to(encoder.device)
+            if len(encoders) == 1:
+                return Conditioning(encoder(ids, return_dict=False)[0])
+            output = encoder(ids, output_hidden_states=True, return_dict=False)
+            pooled = output[0]  # (batch, projection): the text_embeds of CLIPTextModelWithProjection
+            states.append(output[-1][-2])  # (batch, tokens, hidden)
+    assert pooled is not None
+    return Conditioning(torch.cat(states, dim=-1), pooled.view(len(captions), -1))

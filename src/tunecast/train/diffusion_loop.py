@@ -30,7 +30,7 @@ import torch
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedPipeline
-from tunecast.data.images import Captioned, load_pixels
+from tunecast.data.images import Captioned, load_pixels, size_conditioning
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape
 from tunecast.step.diffusion import (
@@ -39,6 +39,7 @@ from tunecast.step.diffusion import (
     adapt_denoiser,
     autocast_dtype,
     encode_captions,
+    is_sdxl,
     training_loss,
     weight_dtype,
 )
@@ -122,22 +123,30 @@ class Latents:
 
 class Captions:
     """The captions as the denoiser attends to them: encoded once (`diffusion.cache_text`), or by the resident text
-    encoder for each batch."""
+    encoders for each batch. For SDXL, with each image's size conditioning (`sizes`: data/images.size_conditioning)."""
 
-    def __init__(self, tokenizer: Any, encoder: Any, captions: list[str], *, cache: bool, check: Any) -> None:
-        self.tokenizer, self.encoder, self.captions = tokenizer, encoder, captions
-        self.cached: list[torch.Tensor] | None = None
+    def __init__(self, tokenizers: list[Any], encoders: list[Any], captions: list[str],
+                 sizes: list[tuple[int, ...]] | None, *, cache: bool, check: Any) -> None:
+        self.tokenizers, self.encoders, self.captions, self.sizes = tokenizers, encoders, captions, sizes
+        self.cached: list[Conditioning] | None = None
         if cache:
             self.cached = []
             for caption in captions:
                 check()
-                self.cached.append(encode_captions(tokenizer, encoder, [caption]).states[0])
-            self.encoder = None  # unloaded
+                self.cached.append(encode_captions(tokenizers, encoders, [caption]))
+            self.encoders = []  # unloaded
 
-    def batch(self, indices: list[int]) -> Conditioning:
+    def batch(self, indices: list[int], dtype: torch.dtype, device: torch.device) -> Conditioning:
         if self.cached is not None:
-            return Conditioning(torch.stack([self.cached[i] for i in indices]))
-        return encode_captions(self.tokenizer, self.encoder, [self.captions[i] for i in indices])
+            chosen = [self.cached[i] for i in indices]
+            pooled = [one.pooled for one in chosen if one.pooled is not None]
+            encoded = Conditioning(torch.cat([one.states for one in chosen]), torch.cat(pooled) if pooled else None)
+        else:
+            encoded = encode_captions(self.tokenizers, self.encoders, [self.captions[i] for i in indices])
+        if self.sizes is None:
+            return encoded
+        time_ids = torch.tensor([self.sizes[i] for i in indices], dtype=dtype, device=device)  # (batch, 6)
+        return Conditioning(encoded.states, encoded.pooled, time_ids)
 
 
 @dataclass(frozen=True)
@@ -186,8 +195,10 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     model = adapt_denoiser(parts.denoiser, pipeline, settings).to(engine.device)
     latents = Latents(parts.vae.to(engine.device), images, shape.width, shape.height, weight_dtype(settings),
                       cache=shape.cache_latents, check=flag.check)
-    captions = Captions(parts.tokenizer, parts.text_encoder.to(engine.device), [one.caption for one in images],
-                        cache=shape.cache_text, check=flag.check)
+    sizes = [size_conditioning(one.image, shape.width, shape.height) for one in images] if is_sdxl(pipeline) \
+        else None
+    captions = Captions(parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
+                        [one.caption for one in images], sizes, cache=shape.cache_text, check=flag.check)
     noise_scheduler, origin = parts.scheduler, parts.origin
     del parts  # the VAE and text encoder stay only where they are used (not when cached)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -248,7 +259,7 @@ def _optimizer_step(session: DiffusionSession, micro: list[list[int]], generator
     for indices in micro:
         session.flag.check()
         latents = session.data.latents.batch(indices, generator).to(session.device)  # (batch, channels, h, w)
-        conditioning = session.data.captions.batch(indices)
+        conditioning = session.data.captions.batch(indices, dtype, session.device)
         with torch.autocast(session.device.type, dtype=cast, enabled=cast is not None):
             loss = training_loss(session.model, pipeline, latents, dtype, conditioning, source)
         scaled = loss / len(micro)

@@ -34,13 +34,13 @@ LORA_WEIGHTS = "pytorch_lora_weights.safetensors"  # diffusers' LORA_WEIGHT_NAME
 
 @dataclass
 class PipelineParts:
-    """What a run trains with: the denoiser as built or loaded (before LoRA), the frozen VAE and text encoder, the
-    tokenizer, the noise scheduler (None for flow matching), and where the weights came from."""
+    """What a run trains with: the denoiser as built or loaded (before LoRA), the frozen VAE and text encoders, their
+    tokenizers, the noise scheduler, and where the weights came from."""
 
     denoiser: Any
     vae: Any
-    text_encoder: Any
-    tokenizer: Any
+    text_encoders: list[Any]  # in the pipeline's order (text_encoder, text_encoder_2)
+    tokenizers: list[Any]  # each encoder's (tokenizer, tokenizer_2)
     scheduler: Any
     origin: str
     random: bool
@@ -56,14 +56,13 @@ def load_parts(spec: RunSpec, pipeline: Pipeline, settings: DiffusionSettings, *
 
     quiet()
     folder = local_pipeline(spec)
-    encoder_name = pipeline.text_encoders[0]
     if folder is not None and not pipeline_has_weights(folder, pipeline):
-        tokenizer = _tokenizer(pipeline, str(folder), local=True)
+        tokenizers = [_tokenizer(pipeline, name, str(folder), local=True) for name in pipeline.text_encoders]
         torch.manual_seed(spec.seed)
         denoiser = make_denoiser(pipeline, settings, "cpu")
         vae = build_vae(pipeline, settings, "cpu")
-        (encoder,) = build_text_encoders(pipeline, settings, "cpu")
-        return PipelineParts(denoiser, vae, encoder, tokenizer, _scheduler(pipeline),
+        encoders = build_text_encoders(pipeline, settings, "cpu")
+        return PipelineParts(denoiser, vae, encoders, tokenizers, _scheduler(pipeline),
                              f"random weights drawn from seed {spec.seed} (random_weights: true; {folder} has no "
                              "weights)", True)
     source = str(folder) if folder is not None else pipeline.name
@@ -73,9 +72,10 @@ def load_parts(spec: RunSpec, pipeline: Pipeline, settings: DiffusionSettings, *
             source, subfolder=pipeline.denoiser, torch_dtype=denoiser_dtype(settings), local_files_only=local)
         vae = getattr(diffusers, pipeline.classes["vae"]).from_pretrained(
             source, subfolder="vae", torch_dtype=vae_dtype(pipeline, settings), local_files_only=local)
-        encoder = getattr(transformers, pipeline.classes[encoder_name]).from_pretrained(
-            source, subfolder=encoder_name, dtype=weight_dtype(settings), local_files_only=local)
-        tokenizer = _tokenizer(pipeline, source, local=local)
+        encoders = [getattr(transformers, pipeline.classes[name]).from_pretrained(
+            source, subfolder=name, dtype=weight_dtype(settings), local_files_only=local)
+            for name in pipeline.text_encoders]
+        tokenizers = [_tokenizer(pipeline, name, source, local=local) for name in pipeline.text_encoders]
     except OSError as error:
         hint = ("check that each component's folder holds its weights" if folder is not None else
                 f"download it where the Hub can be reached (`hf download {pipeline.name}`), or run without "
@@ -83,17 +83,18 @@ def load_parts(spec: RunSpec, pipeline: Pipeline, settings: DiffusionSettings, *
                 "its licence on the Hub)")
         raise TunecastError(f"cannot load the weights of {source}: {str(error).splitlines()[0]}", field="model",
                             hint=hint) from None
-    for frozen in (vae, encoder):
+    for frozen in (vae, *encoders):
         frozen.requires_grad_(False)
-    return PipelineParts(denoiser, vae, encoder, tokenizer, _scheduler(pipeline), f"loaded from {source}", False)
+    return PipelineParts(denoiser, vae, encoders, tokenizers, _scheduler(pipeline), f"loaded from {source}", False)
 
 
-def _tokenizer(pipeline: Pipeline, source: str, *, local: bool) -> Any:
+def _tokenizer(pipeline: Pipeline, encoder: str, source: str, *, local: bool) -> Any:
+    """The tokenizer of text encoder `encoder`: `tokenizer` for `text_encoder`, `tokenizer_2` for `text_encoder_2`."""
     import transformers
 
-    name = "tokenizer"
+    name = encoder.replace("text_encoder", "tokenizer")
     if name not in pipeline.classes:
-        raise TunecastError(f"{pipeline.name} names no tokenizer in its model_index.json", field="model",
+        raise TunecastError(f"{pipeline.name} names no {name} in its model_index.json", field="model",
                             hint="a pipeline folder needs the tokenizer its text encoder reads")
     try:
         return getattr(transformers, pipeline.classes[name]).from_pretrained(source, subfolder=name,
@@ -117,7 +118,8 @@ def save_base(parts: PipelineParts, pipeline: Pipeline, folder: Path, storage: S
     with tempfile.TemporaryDirectory(prefix="tunecast-base-") as temporary:
         target = Path(temporary)
         shutil.copy(folder / "model_index.json", target / "model_index.json")
-        models = {pipeline.denoiser: parts.denoiser, "vae": parts.vae, pipeline.text_encoders[0]: parts.text_encoder}
+        models = {pipeline.denoiser: parts.denoiser, "vae": parts.vae,
+                  **dict(zip(pipeline.text_encoders, parts.text_encoders, strict=True))}
         for name in pipeline.classes:
             if name in models:
                 models[name].save_pretrained(str(target / name))
