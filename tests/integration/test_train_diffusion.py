@@ -114,6 +114,19 @@ def test_lora_result_loads_with_diffusers_and_makes_an_image(server: ForkServer,
     assert result == {"shape": [32, 32, 3], "finite": True, "changed": True}
 
 
+def test_a_pipeline_folder_with_weights_trains_from_them(server: ForkServer, reference: dict, tmp_path: Path) -> None:
+    """The reference run's base/ is a pipeline folder as diffusers saves one: a run loads its weights (from_pretrained
+    of each component), and a folder of configs alone is refused without random_weights."""
+    config = tiny_diffusion_run(tmp_path, model=str(reference["output"] / "base"), random_weights=False, max_steps=2)
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    assert "model: loaded from" in " ".join((tmp_path / "log.txt").read_text().split())
+    assert not (tmp_path / "out" / "base").exists()
+    refused = tiny_diffusion_run(tmp_path, "configs.yaml", random_weights=False, output=str(tmp_path / "other"))
+    assert server.run(["train", str(refused)], tmp_path / "log2.txt") == 2
+    said = " ".join((tmp_path / "log2.txt").read_text().split())
+    assert "holds the pipeline's configs but no weights" in said and "random_weights: true" in said
+
+
 def test_full_fine_tune_loads_with_diffusers(server: ForkServer, tmp_path: Path) -> None:
     config = tiny_diffusion_run(tmp_path, method="full", max_steps=2, **{"diffusion.cache_latents": True,
                                                                           "diffusion.cache_text": True})

@@ -9,7 +9,7 @@ Set-up, in order (each stage checking the preemption flag):
    memory estimate traces it (step/diffusion.py: LoRA adapters in fp32, or every weight);
 3. `diffusion.cache_latents`: every image encoded once by the VAE (its latent distribution kept in memory, sampled
    at each step as diffusers' examples sample cached latents), then the VAE unloaded; `diffusion.cache_text`: every
-   caption encoded once, then the text encoder unloaded. A resumed run encodes them again, to the same values;
+   caption encoded once, then the text encoders unloaded. A resumed run encodes them again, to the same values;
 4. the optimizer and the learning-rate schedule of the language models' runs, then the checkpoint's state.
 
 Each optimizer step draws its noise, timesteps and latent samples from a torch.Generator seeded from (seed, step)
@@ -200,7 +200,7 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     captions = Captions(parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
                         [one.caption for one in images], sizes, cache=shape.cache_text, check=flag.check)
     noise_scheduler, origin = parts.scheduler, parts.origin
-    del parts  # the VAE and text encoder stay only where they are used (not when cached)
+    del parts  # the VAE and text encoders stay only where they are used (not when cached)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = TrainOptimizer(spec, trainable)
     scaler = grad_scaler(spec, engine)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,14 +69,16 @@ def load_parts(spec: RunSpec, pipeline: Pipeline, settings: DiffusionSettings, *
     source = str(folder) if folder is not None else pipeline.name
     local = folder is not None or offline_reason(offline) is not None
     try:
-        denoiser = getattr(diffusers, pipeline.classes[pipeline.denoiser]).from_pretrained(
-            source, subfolder=pipeline.denoiser, torch_dtype=denoiser_dtype(settings), local_files_only=local)
-        vae = getattr(diffusers, pipeline.classes["vae"]).from_pretrained(
-            source, subfolder="vae", torch_dtype=vae_dtype(pipeline, settings), local_files_only=local)
-        encoders = [getattr(transformers, pipeline.classes[name]).from_pretrained(
-            source, subfolder=name, dtype=weight_dtype(settings), local_files_only=local)
-            for name in pipeline.text_encoders]
-        tokenizers = [_tokenizer(pipeline, name, source, local=local) for name in pipeline.text_encoders]
+        with warnings.catch_warnings():  # the Hub client's notices to its callers' maintainers
+            warnings.simplefilter("ignore")
+            denoiser = getattr(diffusers, pipeline.classes[pipeline.denoiser]).from_pretrained(
+                source, subfolder=pipeline.denoiser, torch_dtype=denoiser_dtype(settings), local_files_only=local)
+            vae = getattr(diffusers, pipeline.classes["vae"]).from_pretrained(
+                source, subfolder="vae", torch_dtype=vae_dtype(pipeline, settings), local_files_only=local)
+            encoders = [getattr(transformers, pipeline.classes[name]).from_pretrained(
+                source, subfolder=name, dtype=weight_dtype(settings), local_files_only=local)
+                for name in pipeline.text_encoders]
+            tokenizers = [_tokenizer(pipeline, name, source, local=local) for name in pipeline.text_encoders]
     except OSError as error:
         hint = ("check that each component's folder holds its weights" if folder is not None else
                 f"download it where the Hub can be reached (`hf download {pipeline.name}`), or run without "
