@@ -71,6 +71,12 @@ def test_the_run_report_draws_it(server: ForkServer, reference: dict, tmp_path: 
     assert "images per second" in text and "img/s" in text and "tokens per second" not in text
 
 
+def test_merge_refuses_a_diffusion_lora_in_one_line(server: ForkServer, reference: dict, tmp_path: Path) -> None:
+    code = server.run(["merge", str(reference["output"]), "--output", str(tmp_path / "merged")], tmp_path / "log.txt")
+    text = (tmp_path / "log.txt").read_text()
+    assert code == 2 and "fuse_lora" in " ".join(text.split()) and "Traceback" not in text, text[-3000:]
+
+
 def test_sigkill_then_resume_is_bit_exact(server: ForkServer, reference: dict, tmp_path: Path) -> None:
     """Killed after its checkpoint of step 2 (and maybe 4), then the same command: the same LoRA bytes and losses."""
     config = tiny_diffusion_run(tmp_path)

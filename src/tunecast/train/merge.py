@@ -65,6 +65,13 @@ def merge_run(run_dir: str, output: str | None, catalog: Catalog) -> dict[str, A
         raise TunecastError("a full fine-tune has no adapter to merge: final/ already holds the whole model",
                             field="RUN_DIR", hint="load final/ with from_pretrained")
     _, files = read_set(storage, FINAL)
+    from tunecast.train.diffusion_parts import LORA_WEIGHTS
+
+    if LORA_WEIGHTS in files:
+        raise TunecastError(f"{run_dir} trained a diffusion pipeline: its LoRA is in diffusers' format, which "
+                            "tunecast merge does not take", field="RUN_DIR",
+                            hint="load it with load_lora_weights and merge it with the pipeline's fuse_lora() "
+                                 "(final/README.md shows how to load it)")
     with tempfile.TemporaryDirectory(prefix="tunecast-merge-") as temporary:
         adapter = Path(temporary) / "adapter"
         for name, content in files.items():
