@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def _warm(extra: list[str]) -> None:
@@ -130,7 +131,7 @@ def _child(request: dict) -> None:
     _exit_after(lambda: main(request["args"]))
 
 
-def _exit_after(run: Callable[[], object]) -> None:
+def _exit_after(run: Callable[[], object]) -> NoReturn:
     """Run `run`, then end the child with its exit status (0 when it returns) without the interpreter's teardown."""
     code = 1
     try:

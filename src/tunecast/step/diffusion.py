@@ -429,7 +429,8 @@ def encode_captions(tokenizers: list[Any], encoders: list[Any], captions: list[s
     side by side, and the second one's pooled projection."""
     import torch
 
-    states, pooled = [], None
+    states: list[Any] = []
+    pooled: Any = None
     with torch.no_grad():
         for tokenizer, encoder in zip(tokenizers, encoders, strict=True):
             ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
