@@ -330,8 +330,8 @@ def _run(loaded: LoadedSpec | LoadedPipeline, catalog: Catalog, request: TrainRe
         store = CheckpointStore(storage)
         try:
             session = trainer.build_session(loaded, catalog, request, flag, reporter, storage=storage, store=store,
-                                    lock=lock, found=found, resolved_then=shared["resolved_then"], result=result,
-                                    engine=engine)
+                                            lock=lock, found=found, resolved_then=shared["resolved_then"],
+                                            result=result, engine=engine)
         except Preempted as stop:  # before the first step: the checkpoint resumed from (if any) stays as it is
             result.signal = stop.signal_name
             result.steps = found.step if found is not None else 0

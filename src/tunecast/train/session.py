@@ -364,11 +364,11 @@ def resumed_progress(found: Loaded | None, store: CheckpointStore, engine: Engin
     if found is None:
         return Progress()
     result.resumed_from = found.step
-    return restore_checkpoint(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler,
-                              result=result, reporter=reporter)
+    return _restore(found, store, engine, spec, model=model, optimizer=optimizer, scaler=scaler, result=result,
+                    reporter=reporter)
 
 
-def restore_checkpoint(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
+def _restore(found: Loaded, store: CheckpointStore, engine: Engine, spec: Any, *, model: Any, optimizer: Any,
              scaler: Any, result: TrainResult, reporter: Any) -> Progress:
     """This rank's state from checkpoint `found` (verified by rank 0)."""
     storage, folder, manifest = store.storage, store.folder(found.step), found.manifest
