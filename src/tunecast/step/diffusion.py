@@ -1,6 +1,8 @@
 """One training step of a diffusion model: the denoiser as it is trained (dtype, LoRA adapters, checkpointing) and
 its loss on a batch of latents, as diffusers' training examples run it. The tracer runs it on fake tensors
-(estimate/diffusion.py); torch and diffusers are imported lazily.
+(estimate/diffusion.py) with zeros for the text; `tunecast train` runs the same loss on real images and captions
+with a seeded generator and the pipeline's scheduler (train/diffusion_loop.py). Torch and diffusers are imported
+lazily.
 
 What the examples do (docs/research/diffusion/NOTES.md, with files and lines):
 - LoRA: the frozen denoiser in the weight dtype (bf16 under bf16 mixed precision), the adapters upcast to fp32, the
