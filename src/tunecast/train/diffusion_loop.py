@@ -195,8 +195,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     model = adapt_denoiser(parts.denoiser, pipeline, settings).to(engine.device)
     latents = Latents(parts.vae.to(engine.device), images, shape.width, shape.height, weight_dtype(settings),
                       cache=shape.cache_latents, check=flag.check)
-    sizes = [size_conditioning(one.image, shape.width, shape.height) for one in images] if is_sdxl(pipeline) \
-        else None
+    sizes: list[tuple[int, ...]] | None = [size_conditioning(one.image, shape.width, shape.height)
+                                           for one in images] if is_sdxl(pipeline) else None
     captions = Captions(parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
                         [one.caption for one in images], sizes, cache=shape.cache_text, check=flag.check)
     noise_scheduler, origin = parts.scheduler, parts.origin

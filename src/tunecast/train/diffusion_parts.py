@@ -139,7 +139,7 @@ def write_final(model: Any, pipeline: Pipeline, spec: RunSpec, storage: Storage,
     with tempfile.TemporaryDirectory(prefix="tunecast-final-") as temporary:
         folder = Path(temporary)
         if spec.method == "lora":
-            from diffusers.utils import convert_state_dict_to_diffusers
+            from diffusers.utils.state_dict_utils import convert_state_dict_to_diffusers
             from peft.utils import get_peft_model_state_dict
 
             layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
