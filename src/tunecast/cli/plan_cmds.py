@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
@@ -14,9 +14,11 @@ from tunecast.cli.app import state
 from tunecast.cli.config_cmds import load_from_cli, load_run_from_cli, print_imported
 from tunecast.cli.render import DOES_NOT_FIT, err, out, print_json, print_problems, working
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
-from tunecast.config.load import LoadedPipeline
 from tunecast.errors import Problem, TunecastError
 from tunecast.units import format_usd
+
+if TYPE_CHECKING:
+    from tunecast.config.load import LoadedPipeline
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -56,7 +58,7 @@ def plan_command(
     """Every GPU and count: the fastest configuration that fits, tokens/s, hours, and the whole run's cost per
     offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
     from tunecast.catalog.store import today
-    from tunecast.config.load import imported_part
+    from tunecast.config.load import LoadedPipeline, imported_part
     from tunecast.plan.calibration import read_calibration
     from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
