@@ -186,3 +186,16 @@ def test_bad_data_is_refused_in_one_line(server: ForkServer, tmp_path: Path,
     assert len(errors) == 1 and said in " ".join(text.split()), text
     assert "Traceback" not in text
     assert not (tmp_path / "out").exists()
+
+
+def test_micro_batch_auto_takes_the_largest_that_fits_the_device(server: ForkServer, tmp_path: Path) -> None:
+    """`micro_batch: auto` on a pipeline: the run's batch shape from the traced step's memory on this device (all 4
+    images of a step fit the CPU at once), said before the first step and kept in the run's metrics."""
+    config = tiny_diffusion_run(tmp_path, micro_batch="auto", grad_accum=None, global_batch=4, max_steps=2)
+    code = server.run(["train", str(config)], tmp_path / "log.txt")
+    text = (tmp_path / "log.txt").read_text()
+    assert code == 0, text[-3000:]
+    assert "batch shape:" in text and "micro_batch 4: all 4 images of a step fit" in " ".join(text.split())
+    start = next(json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+                 if '"event": "start"' in line)
+    assert (start["micro_batch"], start["grad_accum"]) == (4, 1)

@@ -236,7 +236,8 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
 
     loaded = load_run_from_cli(ctx, config, spec_args)  # a diffusion pipeline too (docs/diffusion.md)
     if isinstance(loaded, LoadedPipeline):
-        return _train_pipeline(ctx, loaded, fresh, json_output, spec_args, flag, started, report)
+        return _train_pipeline(ctx, loaded, fresh, not no_memory_check, json_output, spec_args, flag, started,
+                               report)
     if loaded.spec.runner != "tunecast":
         from tunecast.errors import TunecastError
 
@@ -283,8 +284,8 @@ def _run_train(ctx: typer.Context, config: Path | None, fresh: bool, no_memory_c
                         world.rank)
 
 
-def _train_pipeline(ctx: typer.Context, loaded: LoadedPipeline, fresh: bool, json_output: bool, spec_args: SpecArgs,
-                    flag: PreemptionFlag, started: float, report: bool) -> int:
+def _train_pipeline(ctx: typer.Context, loaded: LoadedPipeline, fresh: bool, check_memory: bool, json_output: bool,
+                    spec_args: SpecArgs, flag: PreemptionFlag, started: float, report: bool) -> int:
     """A diffusion pipeline's run (one process): its images, settings and weights checked before the libraries
     load."""
     from tunecast.errors import TunecastError
@@ -300,7 +301,7 @@ def _train_pipeline(ctx: typer.Context, loaded: LoadedPipeline, fresh: bool, jso
     check_pipeline_run(loaded.spec, loaded.pipeline)
     probe_lock(Storage(output_url(loaded.spec)))
     print_problems(list(loaded.warnings))
-    return _run_and_say(ctx, loaded, fresh, False, json_output, spec_args, flag, started, report, 0)
+    return _run_and_say(ctx, loaded, fresh, check_memory, json_output, spec_args, flag, started, report, 0)
 
 
 def _run_and_say(ctx: typer.Context, loaded: LoadedSpec | LoadedPipeline, fresh: bool, check_memory: bool,

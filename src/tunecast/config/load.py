@@ -259,8 +259,6 @@ def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline |
          "set gpus.count: 1"),
         ("gpus.offload", spec.gpus.offload != "none", "offloading a diffusion model is not modelled yet",
          "leave gpus.offload out"),
-        ("micro_batch", spec.micro_batch == "auto", "the largest micro-batch of a diffusion step is not searched yet",
-         "give a number of images per step, for example --micro-batch 1"),
         ("precision", spec.precision == "fp8", "fp8 training of a diffusion model is not modelled yet",
          "use bf16, bf16-mixed, fp16-mixed or fp32"),
     ]

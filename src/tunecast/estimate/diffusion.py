@@ -10,13 +10,14 @@ the weight dtype; the VAE in fp32 for SDXL and SD3 ("to avoid NaN losses"), in t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
-from tunecast.config.spec import RunSpec
+from tunecast.config.spec import DEFAULT_MICRO_BATCH, RunSpec
 from tunecast.estimate.fit import Suggestion, _solved
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
 from tunecast.step.diffusion import DiffusionSettings
@@ -220,6 +221,43 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
 
 
+def images_per_step(spec: RunSpec) -> int:
+    """Images (or clips) per optimizer step: `global_batch`, else micro_batch × grad_accum (`micro_batch: auto`
+    counting as the default micro-batch)."""
+    micro = spec.micro_batch if isinstance(spec.micro_batch, int) else DEFAULT_MICRO_BATCH
+    return spec.global_batch or micro * spec.grad_accum
+
+
+def checkpointing_options(spec: RunSpec) -> list[bool]:
+    """Gradient checkpointing as the run sets it, else off first and on where nothing fits without it."""
+    if spec.fixed("grad_checkpointing") and spec.grad_checkpointing != "auto":
+        return [spec.grad_checkpointing is True]
+    return [False, True]
+
+
+def largest_fitting(estimate: Callable[[int], MemoryEstimate], candidates: list[int], capacity: float,
+                    ) -> tuple[int | None, float]:
+    """The largest of `candidates` (micro-batches) whose `estimate` fits `capacity` GiB, and the least device total
+    seen. The largest is traced first; where it does not fit, the smallest too, and the others are screened along the
+    line of what is allocated through those two (allocations grow linearly with the batch), each that passes traced
+    exactly, largest first: at most one trace more than two where the line holds."""
+    largest, smallest = max(candidates), min(candidates)
+    top = estimate(largest)
+    if top.device_total_gib <= capacity:
+        return largest, top.device_total_gib
+    if largest == smallest:
+        return None, top.device_total_gib
+    low = estimate(smallest)
+    per_image = (top.peak_allocated_gib - low.peak_allocated_gib) / (largest - smallest)
+    for batch in sorted(candidates, reverse=True)[1:]:
+        if low.device_total_gib + per_image * (batch - smallest) > capacity:
+            continue
+        memory = estimate(batch)
+        if memory.device_total_gib <= capacity:
+            return batch, memory.device_total_gib
+    return None, low.device_total_gib
+
+
 # The largest side the resolution limit considers, in pixels: past every catalog pipeline's training sizes.
 MAX_SIDE = 4096
 # The largest micro-batch the batch limit considers, in images (or clips).
@@ -367,8 +405,13 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                             device: str, trace_suggestions: bool = False) -> DiffusionAnswer:
     """The run's per-GPU memory (traced: announced first, with about how long it takes), its fit on `gpu`, and where
     it does not fit, the changes that would save memory (each estimated with `trace_suggestions`)."""
+    from tunecast.errors import TunecastError
     from tunecast.estimate import progress
 
+    if spec.micro_batch == "auto":
+        raise TunecastError("micro_batch: auto is the largest that fits a run's device, which `memory` does not run on",
+                            field="micro_batch", hint="give a number of images per step (--micro-batch 1); with "
+                            "--gpu, max_micro_batch says the largest that fits")
     shape = diffusion_shape(spec, pipeline)
     progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} px "
                       "on fake tensors (no template yet): about 10-30 s on a laptop CPU")

@@ -40,9 +40,12 @@ from tunecast.config.spec import RunSpec
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import (
     DiffusionShape,
+    checkpointing_options,
     diffusion_settings,
     diffusion_shape,
     estimate_diffusion_memory,
+    images_per_step,
+    largest_fitting,
     traced_step,
 )
 from tunecast.estimate.memory import MemoryEstimate
@@ -182,9 +185,7 @@ class DiffusionPlanner:
     workload: ImageWorkload
 
     def global_batch(self) -> int:
-        spec = self.spec
-        assert isinstance(spec.micro_batch, int), "micro_batch: auto is refused for a pipeline (config/load.py)"
-        return spec.global_batch or spec.micro_batch * spec.grad_accum
+        return images_per_step(self.spec)
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
         """The step's memory on `gpu`; its trace counts the step's work too (a pass more, cheaper than a trace again
@@ -194,29 +195,6 @@ class DiffusionPlanner:
         traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
         return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
                                          overheads=self.catalog.overheads)
-
-    def _fitting(self, gpu: Gpu, candidates: list[int], checkpointing: bool, capacity: float,
-                 ) -> tuple[int | None, float]:
-        """The largest of `candidates` that fits `gpu`, and the least device total seen. The largest is traced first;
-        where it does not fit, the smallest too, and the others are screened along the line of what is allocated
-        through those two (allocations grow linearly with the batch), each that passes traced exactly, largest
-        first: at most one trace more than two where the line holds."""
-        largest, smallest = max(candidates), min(candidates)
-        top = self._estimate(gpu, largest, checkpointing)
-        if top.device_total_gib <= capacity:
-            return largest, top.device_total_gib
-        if largest == smallest:
-            return None, top.device_total_gib
-        low = self._estimate(gpu, smallest, checkpointing)
-        per_image = (top.peak_allocated_gib - low.peak_allocated_gib) / (largest - smallest)
-        least = low.device_total_gib
-        for batch in sorted(candidates, reverse=True)[1:]:
-            if low.device_total_gib + per_image * (batch - smallest) > capacity:
-                continue
-            memory = self._estimate(gpu, batch, checkpointing)
-            if memory.device_total_gib <= capacity:
-                return batch, memory.device_total_gib
-        return None, least
 
     def configure(self, gpu: Gpu) -> DiffusionConfiguration | str:
         """The fastest batch shape on `gpu` that fits (the largest micro-batch, without checkpointing where one fits
@@ -228,10 +206,11 @@ class DiffusionPlanner:
         if fixed and batch % int(spec.micro_batch):
             return f"micro_batch {spec.micro_batch} does not divide the global batch of {batch} images"
         candidates = [int(spec.micro_batch)] if fixed else divisors(batch)
-        checkpointing = [spec.grad_checkpointing is True] if spec.fixed("grad_checkpointing") else [False, True]
+        checkpointing = checkpointing_options(spec)
         least = math.inf
         for check in checkpointing:
-            micro, total = self._fitting(gpu, candidates, check, capacity)
+            micro, total = largest_fitting(lambda n, check=check: self._estimate(gpu, n, check),  # type: ignore[misc]
+                                           candidates, capacity)
             least = min(least, total)
             if micro is None:
                 continue

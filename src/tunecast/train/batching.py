@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.spec import DEFAULT_MICRO_BATCH, TORCH_ADAMW, RunSpec
@@ -108,6 +109,64 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
         field="micro_batch" if not auto_batch else "seq_len",
         hint=_suggestions(spec, auto_batch),
     )
+
+
+def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, catalog: Catalog, *,
+                           check_memory: bool = True) -> BatchChoice:
+    """`choose_batch` for a diffusion pipeline: the images of an optimizer step (`global_batch`, else micro_batch ×
+    grad_accum) in the largest micro-batch that divides them and fits (`micro_batch: auto`), or the one the run
+    fixed, checked; checkpointing only where nothing fits without it (`grad_checkpointing: auto`). Each candidate is
+    the traced step (estimate/diffusion.py), screened along the line of its allocations (`largest_fitting`)."""
+    from tunecast.estimate.diffusion import (
+        diffusion_settings,
+        diffusion_shape,
+        estimate_diffusion_memory,
+        images_per_step,
+        largest_fitting,
+    )
+
+    per_step = images_per_step(spec)
+    capacity = device.free_gib * (1 - spec.plan.memory_margin)
+    auto_batch = spec.micro_batch == "auto"
+    if auto_batch:
+        sizes = [d for d in range(per_step, 0, -1) if per_step % d == 0]
+    else:
+        sizes = [int(spec.micro_batch)]
+        if per_step % sizes[0]:
+            raise TunecastError(f"micro_batch {sizes[0]} does not divide the {per_step} images per optimizer step",
+                                field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
+    checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
+    if not check_memory:
+        chosen = sizes[-1]
+        return BatchChoice(chosen, per_step // chosen, checkpointing[0], None, capacity, ("memory not checked",))
+    least = float("inf")
+    for recompute in checkpointing:
+        def estimate(micro_batch: int, recompute: bool = recompute) -> MemoryEstimate:
+            changed = spec.with_changes({"micro_batch": micro_batch, "grad_checkpointing": recompute})
+            return estimate_diffusion_memory(pipeline, diffusion_settings(changed), diffusion_shape(changed, pipeline),
+                                             device=device.kind, gpu=device.gpu, overheads=catalog.overheads)
+
+        chosen, total = largest_fitting(estimate, sizes, capacity)
+        least = min(least, total)
+        if chosen is None:
+            continue
+        reasons = [f"{total:.2f} GiB predicted of the {capacity:.2f} GiB usable on {device.name} "
+                   f"({device.free_gib:.2f} GiB free, {spec.plan.memory_margin:.0%} margin)"]
+        if auto_batch:
+            reasons.append(f"micro_batch {chosen}: the largest divisor of {per_step} images per step that fits"
+                           if chosen < per_step else f"micro_batch {chosen}: all {per_step} images of a step fit")
+        if spec.grad_checkpointing == "auto":
+            reasons.append("gradient checkpointing on: nothing fits without it" if recompute
+                           else "gradient checkpointing off: not needed to fit")
+        return BatchChoice(chosen, per_step // chosen, recompute, total, capacity, tuple(reasons))
+    raise TunecastError(
+        f"the run does not fit {device.name}: at least {least:.2f} GiB predicted, {capacity:.2f} GiB usable",
+        field="micro_batch", hint="try " + ", ".join(
+            [*(["micro_batch: auto"] if not auto_batch else []),
+             *(["grad_checkpointing: auto"] if spec.grad_checkpointing is False else []),
+             *(["diffusion.cache_latents: true"] if not spec.diffusion.cache_latents else []),
+             *(["method: lora"] if spec.method == "full" else []), "a smaller diffusion.resolution"])
+        + "; `tunecast memory --gpu` shows what fits")
 
 
 def _process_growth(memory: MemoryEstimate, device: Device, keep_freed: bool, loading_gib: float,

@@ -31,7 +31,6 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedPipeline
 from tunecast.data.images import Captioned, load_pixels, size_conditioning
-from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape
 from tunecast.step.diffusion import (
     Conditioning,
@@ -45,6 +44,7 @@ from tunecast.step.diffusion import (
 )
 from tunecast.storage.store import MANIFEST, CheckpointStore, Loaded, Storage
 from tunecast.train.batches import epoch_order
+from tunecast.train.batching import choose_diffusion_batch
 from tunecast.train.diffusion_parts import load_parts, save_base
 from tunecast.train.diffusion_parts import write_final as write_final_files
 from tunecast.train.distributed import Engine
@@ -171,18 +171,16 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     spec = resumed_shape(loaded.spec, resolved_then, 1) if resolved_then else loaded.spec
     flag.check()
     images = check_pipeline_run(spec, pipeline)
+    device = local_device(catalog)
+    # the batch shape from the traced step's memory on this device (train/batching.py), as a language model's run
+    choice = choose_diffusion_batch(spec, pipeline, device, catalog, check_memory=request.check_memory)
+    micro_batch, grad_accum = choice.micro_batch, choice.grad_accum
+    spec = spec.with_changes({"micro_batch": micro_batch, "grad_accum": grad_accum, "global_batch": None,
+                              "grad_checkpointing": choice.grad_checkpointing})
     shape = diffusion_shape(spec, pipeline)
-    micro_batch = shape.batch
-    grad_accum = spec.grad_accum
-    if spec.global_batch is not None:
-        if spec.global_batch % micro_batch:
-            raise TunecastError(f"global_batch {spec.global_batch} is not a multiple of micro_batch {micro_batch}",
-                                field="global_batch", hint=f"use a multiple of {micro_batch}")
-        grad_accum = spec.global_batch // micro_batch
     length = run_length(spec, len(images), micro_batch * grad_accum, epochs_set=loaded.spec.fixed("epochs"))
     if found is not None:
         check_schedule(found, length.schedule_steps)
-    device = local_device(catalog)
     settings = diffusion_settings(spec)
 
     seed_everything(spec.seed)
@@ -222,8 +220,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     cached = [what for what, on in (("latents", shape.cache_latents), ("text", shape.cache_text)) if on]
     reporter.event("start", f"micro_batch {micro_batch} × grad_accum {grad_accum}, gradient checkpointing "
                             f"{'on' if spec.grad_checkpointing is True else 'off'}, {shape.width}×{shape.height} px, "
-                            f"{pipeline.objective} objective; cached: {', '.join(cached) or 'nothing'} (memory is "
-                            "not checked before a diffusion run's first step yet: `tunecast memory` estimates it)")
+                            f"{pipeline.objective} objective; cached: {', '.join(cached) or 'nothing'}")
+    reporter.event("start", "batch shape: " + "; ".join(choice.reasons))
     reporter.event("start", f"model: {origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
     reporter.event("start", f"data: {len(images)} images with captions; {length.steps} steps "
                             f"({length.per_epoch} per epoch)")

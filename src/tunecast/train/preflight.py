@@ -106,9 +106,7 @@ def check_pipeline_run(spec: RunSpec, pipeline: Pipeline) -> list[Captioned]:
         raise TunecastError(f"{pipeline.name}: {reason}", field="model",
                             hint="tunecast trains Stable Diffusion 1.x/2.x- and SDXL-style pipelines so far; "
                                  "`tunecast memory` estimates this one")
-    refused = [("grad_checkpointing", spec.grad_checkpointing == "auto", "gradient checkpointing auto needs the "
-                "memory search, which a diffusion run does not have yet", "set grad_checkpointing: true or false"),
-               ("eval.examples", spec.eval.examples > 0, "a held-out loss of a diffusion run is not built yet",
+    refused = [("eval.examples", spec.eval.examples > 0, "a held-out loss of a diffusion run is not built yet",
                 "set eval.examples: 0"),
                ("dataset.path", spec.dataset.path is None, "training needs a folder of images with captions",
                 "set dataset.path (or --dataset) to the folder")]
