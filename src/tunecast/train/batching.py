@@ -137,8 +137,7 @@ def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, ca
                                 field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
     checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
     if not check_memory:
-        chosen = sizes[-1]
-        return BatchChoice(chosen, per_step // chosen, checkpointing[0], None, capacity, ("memory not checked",))
+        return BatchChoice(sizes[-1], per_step // sizes[-1], checkpointing[0], None, capacity, ("memory not checked",))
     least = float("inf")
     for recompute in checkpointing:
         def estimate(micro_batch: int, recompute: bool = recompute) -> MemoryEstimate:
@@ -146,10 +145,11 @@ def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, ca
             return estimate_diffusion_memory(pipeline, diffusion_settings(changed), diffusion_shape(changed, pipeline),
                                              device=device.kind, gpu=device.gpu, overheads=catalog.overheads)
 
-        chosen, total = largest_fitting(estimate, sizes, capacity)
+        found, total = largest_fitting(estimate, sizes, capacity)
         least = min(least, total)
-        if chosen is None:
+        if found is None:
             continue
+        chosen = found
         reasons = [f"{total:.2f} GiB predicted of the {capacity:.2f} GiB usable on {device.name} "
                    f"({device.free_gib:.2f} GiB free, {spec.plan.memory_margin:.0%} margin)"]
         if auto_batch:
