@@ -18,7 +18,14 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import DEFAULT_MICRO_BATCH, RunSpec
-from tunecast.estimate.fit import Suggestion, _solved
+from tunecast.estimate.diffusion_fit import (
+    FIT_SIDE_STEP,
+    cached_profile,
+    fits_grid,
+    fitted_profile,
+    latent_pixels,
+)
+from tunecast.estimate.fit import Suggestion, _largest_along, _solved
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
 from tunecast.step.diffusion import DiffusionSettings
 from tunecast.units import BYTES_PER_GIB
@@ -143,17 +150,25 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
     one (latent pixels, times frames for video)."""
     from tunecast.estimate.profile import profile_from_trace, replay
 
-    trace = traced_step(pipeline, settings, shape, count_flops=False)
     cuda = device == "cuda"
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
-    result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda,
-                    fixed_blocks=(workspace,) if workspace else ())
+    fixed = (workspace,) if workspace else ()
+    profile = cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents) \
+        if fits_grid(shape.width, shape.height) else None
+    if profile is not None:  # fitted for any batch and resolution (diffusion_fit.py): a replay, no trace
+        result = replay(profile, shape.batch, latent_pixels(pipeline, shape.width, shape.height), cuda=cuda,
+                        fixed_blocks=fixed)
+        facts = profile.facts
+    else:
+        trace = traced_step(pipeline, settings, shape, count_flops=False)
+        result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda, fixed_blocks=fixed)
+        facts = trace.facts
     text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, settings)
     # bitsandbytes' optimizers are traced as torch's AdamW and their states modelled (memory.optimizer_state_bytes)
     traced_states = max(peak.breakdown["optimizer"] for peak in result.phases.values())
-    states, managed = optimizer_state_bytes(settings.optimizer, trace.facts.trainable_numel,
-                                            trace.facts.trainable_small_numel, traced_states)
+    states, managed = optimizer_state_bytes(settings.optimizer, facts.trainable_numel, facts.trainable_small_numel,
+                                            traced_states)
     moved = {name: (states - traced_states if peak.breakdown["optimizer"] else 0.0)
              for name, peak in result.phases.items()}
     phases = {name: peak.allocated + text + moved[name] for name, peak in result.phases.items()}
@@ -283,13 +298,28 @@ class DiffusionLimits:
                 "resolution_step": self.step}
 
 
+def fit_profiles(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> bool:
+    """Whether the step's profiles for a batch of one and of more (diffusion_fit.py) serve `shape`'s run: read from the
+    cache, or fitted now (eight traces at small sides); False off their grid or where a fit does not hold."""
+    def traced(batch: int, side: int) -> Any:
+        return traced_step(pipeline, settings, replace(shape, batch=batch, width=side, height=side), count_flops=False)
+
+    return fits_grid(shape.width, shape.height) and all(
+        fitted_profile(pipeline, settings, batch, shape.frames, shape.cache_latents, traced) is not None
+        for batch in (1, 2))
+
+
 def diffusion_limits(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tuple[Overhead, ...]) -> DiffusionLimits:
     """The largest micro-batch at the run's resolution and the largest square resolution at its micro-batch that
-    fit `gpu`, solved, not searched: a step's allocations grow linearly with the pixels of its batch (every tensor
-    of a convolution or attention over the latents: measured on SD 1.5, where the peak per image and per pixel are
-    the same slope within 0.1%), so the device total along the line through the run's trace and one at a micro-batch
-    more is solved for the GPU's capacity, then checked by traces on both sides of the answer (fit._solved: the
-    answer fits, the next value does not), the gap to the line corrected after each check."""
+    fit `gpu`.
+
+    Where the run's sides are on the profiles' grid (diffusion_fit.py: multiples of 64 px), the step's profiles for a
+    batch of one and of more are fitted (or read from the cache), and every value is a replay, exact: the limits are
+    searched along the replays (fit._largest_along), the resolution on the same 64 px grid. Elsewhere (or where a fit
+    does not hold) they are solved, not searched: a step's allocations grow linearly with the pixels of its batch, so
+    the device total along the line through the run's trace and one at a micro-batch more is solved for the GPU's
+    capacity, then checked by traces on both sides of the answer (fit._solved: the answer fits, the next value does
+    not), the gap to the line corrected after each check."""
 
     settings = diffusion_settings(spec)
     asked = diffusion_shape(spec, pipeline)
@@ -304,6 +334,17 @@ def diffusion_limits(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tup
     def pixels(shape: DiffusionShape) -> int:
         return shape.batch * shape.width * shape.height
 
+    def batched(n: int) -> DiffusionShape:
+        return replace(asked, batch=n)
+
+    if fit_profiles(pipeline, settings, asked):
+        # every estimate below replays a fitted profile: exact, in milliseconds
+        grid = FIT_SIDE_STEP
+        largest = _largest_along(lambda n: total(batched(n)), capacity, 1, MAX_IMAGES)
+        sides = _largest_along(lambda k: total(replace(asked, width=k * grid, height=k * grid)), capacity, 1,
+                               MAX_SIDE // grid)
+        return DiffusionLimits(max(largest, 0), max(sides, 0) * grid, grid)
+
     # the slope of what is allocated, which is linear; the allocator's rounding on top is the gap the checks measure
     step = resolution_step(pipeline)
     at_asked = total(asked)
@@ -312,9 +353,6 @@ def diffusion_limits(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tup
 
     def line(shape: DiffusionShape) -> float:
         return at_asked + slope * (pixels(shape) - pixels(asked))
-
-    def batched(n: int) -> DiffusionShape:
-        return replace(asked, batch=n)
 
     def square(k: int) -> DiffusionShape:
         return replace(asked, width=k * step, height=k * step)
@@ -413,15 +451,20 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                             field="micro_batch", hint="give a number of images per step (--micro-batch 1); with "
                             "--gpu, max_micro_batch says the largest that fits")
     shape = diffusion_shape(spec, pipeline)
-    progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} px "
-                      "on fake tensors (no template yet): about 10-30 s on a laptop CPU")
+    settings = diffusion_settings(spec)
+    if cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents) is None \
+            or not fits_grid(shape.width, shape.height):
+        progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} "
+                          "px on fake tensors (no template yet): about 10-30 s on a laptop CPU"
+                          + (", then its profiles for any batch and resolution (eight traces, kept in the cache)"
+                             if gpu is not None and fits_grid(shape.width, shape.height) else ""))
+    if gpu is not None:  # the limits will need the profiles: fitted first, the estimate is then a replay
+        fit_profiles(pipeline, settings, shape)
     estimate = estimate_diffusion_memory(pipeline, diffusion_settings(spec), shape, device=device,
                                          gpu=gpu, overheads=overheads)
     fits = gpu is None or estimate.device_total_gib <= gpu.usable_memory_gib
     suggestions = () if fits or gpu is None else _suggestions(spec, pipeline, gpu, overheads, trace_suggestions)
     limits = None
     if gpu is not None:
-        progress.progress(f"solving the largest micro-batch and resolution that fit {gpu.slug}: each check a trace "
-                          "of its own, about 5-10 traces")
         limits = diffusion_limits(spec, pipeline, gpu, overheads)
     return DiffusionAnswer(pipeline, shape, estimate, gpu, suggestions, limits)

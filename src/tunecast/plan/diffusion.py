@@ -48,6 +48,7 @@ from tunecast.estimate.diffusion import (
     largest_fitting,
     traced_step,
 )
+from tunecast.estimate.diffusion_fit import cached_profile
 from tunecast.estimate.memory import MemoryEstimate
 from tunecast.plan.cost import OfferCost, RunShape, price_run
 from tunecast.plan.planner import MIB, divisors
@@ -188,11 +189,12 @@ class DiffusionPlanner:
         return images_per_step(self.spec)
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
-        """The step's memory on `gpu`; its trace counts the step's work too (a pass more, cheaper than a trace again
-        for the shape the plan chooses)."""
+        """The step's memory on `gpu`: a replay where the step's profiles are cached (estimate/diffusion_fit.py), else
+        a trace that counts the step's work too (a pass more, cheaper than a trace again for the shape chosen)."""
         spec = self.spec.with_changes({"grad_checkpointing": checkpointing})
         shape = replace(diffusion_shape(spec, self.pipeline), batch=batch)
-        traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
+        if cached_profile(self.pipeline, diffusion_settings(spec), batch, shape.frames, shape.cache_latents) is None:
+            traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
         return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
                                          overheads=self.catalog.overheads)
 

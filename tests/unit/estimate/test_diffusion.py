@@ -145,10 +145,12 @@ def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_ref
             document["micro_batch"]) == ("UNet2DConditionModel", "epsilon", 64, 48, 2)
     assert document["fits"] is True and document["peak_allocated_gib"] > document["breakdown_gib"]["weights"] > 0
     assert "tracing" in result.stderr  # announced before the trace
-    refused = cli("memory", "--model", folder, "--method", "qlora", "--resolution", "60", "--micro-batch", "auto")
+    refused = cli("memory", "--model", folder, "--method", "qlora", "--resolution", "60")
     assert refused.code == 2
-    assert all(key in refused.stderr for key in ("method", "diffusion.resolution", "micro_batch"))
+    assert all(key in refused.stderr for key in ("method", "diffusion.resolution"))
     assert "Traceback" not in refused.stderr
+    automatic = cli("memory", "--model", folder, "--micro-batch", "auto")
+    assert automatic.code == 2 and "max_micro_batch" in automatic.stderr and "Traceback" not in automatic.stderr
     assert {"max_micro_batch", "max_resolution", "resolution_step"} <= set(document)
     calibrated = cli("plan", "--model", folder, "--calibration", str(tmp_path / "c.json"))
     assert calibrated.code == 2 and "--calibration" in calibrated.stderr and "Traceback" not in calibrated.stderr
@@ -156,11 +158,14 @@ def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_ref
     assert rehearsed.code == 2 and "diffusion pipeline" in rehearsed.stderr and "Traceback" not in rehearsed.stderr
 
 
-def test_the_largest_micro_batch_and_resolution_that_fit_are_verified_on_both_sides(tmp_path: Path) -> None:
+def test_the_largest_micro_batch_and_resolution_that_fit_are_verified_on_both_sides(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`--gpu`'s limits of a pipeline: the micro-batch returned fits the GPU and the next (within the solver's 1%) does
-    not, at the run's resolution; the square side returned fits and the next multiple of the latents' step does not,
-    at the run's micro-batch; each checked here by an estimate of its own."""
+    not, at the run's resolution; the square side returned fits and the next on its grid does not, at the run's
+    micro-batch; each checked here by a trace of its own. On the profiles' grid (a multiple of 64 px) and off it
+    (where the limits are solved on the line and checked by traces)."""
     from tunecast.config.spec import RunSpec
+    from tunecast.estimate import diffusion_fit
     from tunecast.estimate.diffusion import diffusion_limits
     from tunecast.estimate.fit import SOLVE_TOLERANCE
 
@@ -168,18 +173,25 @@ def test_the_largest_micro_batch_and_resolution_that_fit_are_verified_on_both_si
     pipeline = load_pipeline(folder)
     catalog = load_catalog(None)
     small = catalog.gpus.get("rtx-4090").model_copy(update={"usable_memory_gib": 0.56, "memory_gib": 0.56})
-    spec = RunSpec.model_validate({"model": folder, "method": "full", "micro_batch": 2,
-                                   "diffusion": {"resolution": 64}})
-    limits = diffusion_limits(spec, pipeline, small, catalog.overheads)
-    assert limits.step == 8 and 2 < limits.max_micro_batch < 1024 and 64 < limits.max_resolution < 4096
 
-    def total(batch: int, side: int) -> float:
-        return estimate_diffusion_memory(pipeline, DiffusionSettings(method="full"), DiffusionShape(batch, side, side),
-                                         device="cuda", gpu=small, overheads=catalog.overheads).device_total_gib
+    def total(batch: int, side: int) -> float:  # from a trace of its own, no fitted profile
+        with monkeypatch.context() as direct:
+            direct.setattr(diffusion_fit, "_PROFILES", {})
+            direct.setenv("TUNECAST_CACHE", str(tmp_path / "no-profiles"))
+            return estimate_diffusion_memory(pipeline, DiffusionSettings(method="full"),
+                                             DiffusionShape(batch, side, side), device="cuda", gpu=small,
+                                             overheads=catalog.overheads).device_total_gib
 
-    batch, side = limits.max_micro_batch, limits.max_resolution
-    assert total(batch, 64) <= 0.56 < total(batch + 1 + int(batch * SOLVE_TOLERANCE), 64)
-    assert total(2, side) <= 0.56 < total(2, side + 8 * (1 + int(side // 8 * SOLVE_TOLERANCE)))
+    for resolution, step in ((64, 64), (72, 8)):
+        spec = RunSpec.model_validate({"model": folder, "method": "full", "micro_batch": 2,
+                                       "diffusion": {"resolution": resolution}})
+        limits = diffusion_limits(spec, pipeline, small, catalog.overheads)
+        assert limits.step == step and 2 < limits.max_micro_batch < 1024 and 64 < limits.max_resolution < 4096
+        batch, side = limits.max_micro_batch, limits.max_resolution
+        margin = 0 if step == 64 else int(batch * SOLVE_TOLERANCE)
+        assert total(batch, resolution) <= 0.56 < total(batch + 1 + margin, resolution)
+        margin = 0 if step == 64 else int(side // step * SOLVE_TOLERANCE)
+        assert total(2, side) <= 0.56 < total(2, side + step * (1 + margin))
 
 
 def test_a_pipeline_that_does_not_fit_gets_the_changes_that_save_memory_each_traced_when_asked(tmp_path: Path) -> None:
