@@ -76,6 +76,100 @@ def tiny_sdxl_pipeline(folder: Path) -> Path:
     return folder
 
 
+CATALOG_PIPELINES = REPO / "src" / "tunecast" / "catalog" / "data" / "diffusion"
+_TINY_VAE_16 = {  # the tiny VAE's blocks on 16 latent channels, without the quant convolutions (as SD3's and FLUX's)
+    "_class_name": "AutoencoderKL", "in_channels": 3, "out_channels": 3, "latent_channels": 16,
+    "block_out_channels": [32, 64], "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"],
+    "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D"], "layers_per_block": 1, "norm_num_groups": 32,
+    "sample_size": 32, "use_quant_conv": False, "use_post_quant_conv": False}
+
+
+def tiny_sd3_pipeline(folder: Path) -> Path:
+    """A tiny SD3-shaped pipeline in `folder`, configs only: an SD3Transformer2DModel of 2 joint blocks on 16 latent
+    channels (patches of 2), the tiny VAE on 16 channels with SD3's shift and scaling factors, two CLIP encoders with
+    projection (the tiny one's config and tokenizer), a T5 encoder (width 64: both CLIP widths side by side) with a
+    tokenizer learned from the captions (tiny_t5_tokenizer), and SD 3 Medium's scheduler config."""
+    _flow_folder(folder, "stabilityai__stable-diffusion-3-medium-diffusers", "StableDiffusion3Pipeline", {
+        "text_encoder": "CLIPTextModelWithProjection", "text_encoder_2": "CLIPTextModelWithProjection",
+        "text_encoder_3": "T5EncoderModel"})
+    clip = json.loads((TINY_PIPELINE / "text_encoder" / "config.json").read_text())
+    _write_json(folder / "transformer" / "config.json", {
+        "_class_name": "SD3Transformer2DModel", "sample_size": 16, "patch_size": 2, "in_channels": 16,
+        "out_channels": 16, "num_layers": 2, "attention_head_dim": 8, "num_attention_heads": 4,
+        "joint_attention_dim": 2 * clip["hidden_size"], "caption_projection_dim": 32,
+        "pooled_projection_dim": 2 * clip["projection_dim"], "pos_embed_max_size": 16})
+    _write_json(folder / "vae" / "config.json", {**_TINY_VAE_16, "scaling_factor": 1.5305, "shift_factor": 0.0609})
+    _t5(folder, "text_encoder_3", "tokenizer_3", width=2 * clip["hidden_size"])
+    return folder
+
+
+def tiny_flux_pipeline(folder: Path) -> Path:
+    """A tiny FLUX.1-dev-shaped pipeline in `folder`, configs only: a FluxTransformer2DModel of one double and one
+    single block with the guidance embedding, on the 2 × 2-packed latents of the tiny VAE on 16 channels (FLUX's shift
+    and scaling factors), the tiny CLIP encoder (its pooled output), a T5 encoder with a tokenizer learned from the
+    captions, and FLUX.1-dev's scheduler config (dynamic shifting)."""
+    _flow_folder(folder, "black-forest-labs__FLUX.1-dev", "FluxPipeline", {
+        "text_encoder": "CLIPTextModel", "text_encoder_2": "T5EncoderModel"})
+    clip = json.loads((TINY_PIPELINE / "text_encoder" / "config.json").read_text())
+    _write_json(folder / "transformer" / "config.json", {
+        "_class_name": "FluxTransformer2DModel", "patch_size": 1, "in_channels": 64, "num_layers": 1,
+        "num_single_layers": 1, "attention_head_dim": 8, "num_attention_heads": 4, "joint_attention_dim": 32,
+        "pooled_projection_dim": clip["hidden_size"], "guidance_embeds": True, "axes_dims_rope": [2, 2, 4]})
+    _write_json(folder / "vae" / "config.json", {**_TINY_VAE_16, "scaling_factor": 0.3611, "shift_factor": 0.1159})
+    _t5(folder, "text_encoder_2", "tokenizer_2", width=32)
+    return folder
+
+
+def _flow_folder(folder: Path, catalog: str, pipeline_class: str, encoders: dict[str, str]) -> None:
+    """model_index.json naming the catalog pipeline's components; its scheduler config; the CLIP encoders (the tiny
+    pipeline's config under each encoder's class) and their tokenizers (the tiny pipeline's)."""
+    import shutil
+
+    index: dict[str, Any] = json.loads((CATALOG_PIPELINES / catalog / "model_index.json").read_text())
+    index["_class_name"] = pipeline_class
+    shutil.copytree(CATALOG_PIPELINES / catalog / "scheduler", folder / "scheduler")
+    clip = json.loads((TINY_PIPELINE / "text_encoder" / "config.json").read_text())
+    for encoder, kind in encoders.items():
+        if kind.startswith("CLIP"):
+            _write_json(folder / encoder / "config.json", {**clip, "architectures": [kind]})
+            shutil.copytree(TINY_PIPELINE / "tokenizer", folder / encoder.replace("text_encoder", "tokenizer"))
+    _write_json(folder / "model_index.json", index)
+
+
+def _t5(folder: Path, encoder: str, tokenizer: str, *, width: int) -> None:
+    """A T5 encoder of 2 layers, `width` wide, and its tokenizer (tiny_t5_tokenizer) under those names."""
+    tokens = tiny_t5_tokenizer()
+    tokens.save_pretrained(str(folder / tokenizer))
+    _write_json(folder / encoder / "config.json", {
+        "architectures": ["T5EncoderModel"], "model_type": "t5", "d_model": width, "d_kv": width // 4,
+        "d_ff": 2 * width, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 32, "feed_forward_proj": "gated-gelu", "vocab_size": len(tokens),
+        "pad_token_id": tokens.pad_token_id, "eos_token_id": tokens.eos_token_id,
+        "decoder_start_token_id": tokens.pad_token_id})
+
+
+def tiny_t5_tokenizer() -> Any:
+    """T5's tokenizer (a SentencePiece-style unigram model over '▁'-marked words, `</s>` appended) whose pieces were
+    learned by `tokenizers`' UnigramTrainer from the sample images' captions: `<pad>`, `</s>` and `<unk>` first, at
+    ids 0, 1 and 2 as in T5's vocabulary, no extra ids. Nothing is downloaded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import T5Tokenizer
+
+    learner = Tokenizer(models.Unigram())
+    learner.pre_tokenizer = pre_tokenizers.Metaspace()
+    learner.train_from_iterator(
+        [path.read_text(encoding="utf-8").strip() for path in sorted(IMAGES.glob("*.txt"))],
+        trainer=trainers.UnigramTrainer(vocab_size=100, special_tokens=["<pad>", "</s>", "<unk>"],
+                                        unk_token="<unk>", show_progress=False))
+    vocab = json.loads(learner.to_str())["model"]["vocab"]
+    return T5Tokenizer(vocab=[(piece, score) for piece, score in vocab], extra_ids=0)
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2))
+
+
 def _write_run(path: Path, config: dict[str, Any], changes: dict[str, Any]) -> Path:
     for key, value in changes.items():  # a dotted key; None removes it
         node = config

@@ -21,6 +21,8 @@ from tests.trainruns import (
     ForkServer,
     lora_bytes,
     tiny_diffusion_run,
+    tiny_flux_pipeline,
+    tiny_sd3_pipeline,
     tiny_sdxl_pipeline,
     train_losses,
 )
@@ -154,6 +156,65 @@ def test_sdxl_lora_trains_and_loads_with_diffusers(server: ForkServer, tmp_path:
     assert code == 0, log.read_text()[-3000:]
     assert json.loads(log.read_text().strip().splitlines()[-1]) == {"shape": [32, 32, 3], "finite": True,
                                                                      "changed": True}
+
+
+@pytest.fixture(scope="module")
+def flux_reference(server: ForkServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """An uninterrupted LoRA run of the tiny FLUX.1-dev-shaped pipeline (flow matching, CLIP and T5, packed latents,
+    the guidance embedding): 8 steps, the captions encoded once (cache_text, FLUX's default), the VAE every step."""
+    tmp = tmp_path_factory.mktemp("flux")
+    config = tiny_diffusion_run(tmp, model=str(tiny_flux_pipeline(tmp / "flux")))
+    code = server.run(["train", str(config)], tmp / "log.txt")
+    assert code == 0, (tmp / "log.txt").read_text()[-3000:]
+    return {"tmp": tmp, "config": config, "output": tmp / "out", "lora": lora_bytes(tmp / "out"),
+            "losses": train_losses(tmp / "out"), "log": (tmp / "log.txt").read_text()}
+
+
+def _loads_into_its_pipeline(server: ForkServer, output: Path, tmp_path: Path) -> None:
+    """The LoRA loads into the run's base with the pipeline class it names and makes an image that it changed; the
+    trainer's text encoding equals the pipeline's encode_prompt, and every LoRA tensor is loaded."""
+    log = tmp_path / "load.txt"
+    code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(output), "lora"], log)
+    assert code == 0, log.read_text()[-3000:]
+    assert json.loads(log.read_text().strip().splitlines()[-1]) == {"shape": [32, 32, 3], "finite": True,
+                                                                     "changed": True}
+    log = tmp_path / "check.txt"
+    code = server.run_script(REPO / "tests" / "flow_pipeline_check.py", [str(output)], log)
+    assert code == 0, log.read_text()[-3000:]
+    checked = json.loads(log.read_text().strip().splitlines()[-1])
+    assert checked["states_equal"] and checked["pooled_equal"], checked
+    assert checked["lora_tensors"] == 2 * checked["lora_layers"] > 0, checked
+
+
+def test_flux_lora_trains_and_loads_into_flux_pipeline(server: ForkServer, flux_reference: dict,
+                                                        tmp_path: Path) -> None:
+    assert sorted(flux_reference["losses"]) == list(range(1, STEPS + 1))
+    assert "flow objective" in " ".join(flux_reference["log"].split())
+    _loads_into_its_pipeline(server, flux_reference["output"], tmp_path)
+
+
+def test_flux_sigkill_then_resume_is_bit_exact(server: ForkServer, flux_reference: dict, tmp_path: Path) -> None:
+    """FLUX's draws (the noise, the uniform timestep's index into the scheduler, the latent samples) come from the
+    step's generator too: killed after its checkpoint of step 2 and resumed, the same LoRA bytes and losses."""
+    config = tiny_diffusion_run(tmp_path, model=str(flux_reference["tmp"] / "flux"))
+    code, _ = server.signal_when(["train", str(config)], tmp_path / "log.txt", trained(tmp_path / "out", 3),
+                                 signal_number=signal.SIGKILL)
+    assert code == -signal.SIGKILL, (tmp_path / "log.txt").read_text()[-3000:]
+    code = server.run(["train", str(config)], tmp_path / "log2.txt")
+    assert code == 0, (tmp_path / "log2.txt").read_text()[-3000:]
+    assert "resumed from checkpoint" in " ".join((tmp_path / "log2.txt").read_text().split())
+    assert lora_bytes(tmp_path / "out") == flux_reference["lora"]
+    assert train_losses(tmp_path / "out") == flux_reference["losses"]
+
+
+def test_sd3_lora_trains_and_loads_into_sd3_pipeline(server: ForkServer, tmp_path: Path) -> None:
+    """SD3's two CLIP encoders and T5 encoding every batch (cache_text off), the logit-normal timesteps: the LoRA
+    loads into StableDiffusion3Pipeline and makes an image."""
+    config = tiny_diffusion_run(tmp_path, model=str(tiny_sd3_pipeline(tmp_path / "sd3")), max_steps=2,
+                                **{"diffusion.cache_text": False})
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    assert "cached: nothing" in " ".join((tmp_path / "log.txt").read_text().split())
+    _loads_into_its_pipeline(server, tmp_path / "out", tmp_path)
 
 
 def _no_caption(folder: Path) -> str:

@@ -12,6 +12,13 @@ What the examples do (docs/research/diffusion/NOTES.md, with files and lines):
 - Full fine-tuning: the denoiser's weights in fp32 under autocast (train_text_to_image.py).
 - The objective: the noise (`epsilon`) or the velocity (`v_prediction`) for the UNet models, `noise - latents` for
   the flow-matching SD3 and FLUX; the loss is the mean squared error in fp32.
+- SD3's and FLUX's flow matching (train_dreambooth_lora_sd3.py L1775-1821, train_dreambooth_lora_flux.py L1748-1820,
+  diffusers' main at 58eb52c080): latents `(sample - shift_factor) * scaling_factor`; a draw u of the weighting
+  scheme (training_utils.py compute_density_for_timestep_sampling L365-389: logit_normal, the SD3 script's default,
+  L522-525; uniform, the FLUX script's `none`, L543-547); the timestep and sigma at index `u * 1000` of the
+  FlowMatchEulerDiscreteScheduler's (shifted) schedule; `(1 - sigma) latents + sigma noise` against `noise -
+  latents`; both schemes weigh the loss by 1 (compute_loss_weighting_for_sd3 L392-407). The pipelines' lines cited
+  (pipeline_flux.py, pipeline_stable_diffusion_3.py) are diffusers 0.42.1's.
 """
 
 from __future__ import annotations
@@ -53,6 +60,14 @@ BLOCK_TARGETS = {
 _TARGETS_OF_LAYERS = {"examples": LORA_TARGETS, "attention": ATTENTION_TARGETS, "blocks": BLOCK_TARGETS}
 # FLUX.1 and SD3 encode with T5 at these lengths (diffusers' FluxPipeline and StableDiffusion3Pipeline defaults).
 T5_TOKENS = {"flux-dev": 512, "flux-schnell": 256, "sd3": 256}
+CLIP_TOKENS = 77  # every CLIP encoder's text length (the SD3 and FLUX pipelines' tokenizer_max_length)
+# How the flow-matching examples draw their timesteps (training_utils.py compute_density_for_timestep_sampling,
+# L365-389): SD3's script defaults to `logit_normal` (train_dreambooth_lora_sd3.py L522-525, mean 0 and std 1,
+# L528-533), FLUX's to `none`, a uniform draw (train_dreambooth_lora_flux.py L543-547).
+WEIGHTING_SCHEME = {"sd3": "logit_normal", "flux": "none"}
+# FLUX.1-dev is guidance-distilled: its example trains with the guidance embedding at --guidance_scale's default
+# (train_dreambooth_lora_flux.py L497-501, L1790-1794).
+FLUX_TRAINING_GUIDANCE = 3.5
 
 
 @dataclass(frozen=True)
@@ -265,12 +280,21 @@ def train_step(model: Any, vae: Any | None, optimizer_step: Callable[[], None], 
 
 
 def text_length(pipeline: Pipeline) -> int:
-    """The tokens of the text the denoiser attends to: CLIP's 77; SD3's 77 + its T5's 256; FLUX's T5 tokens."""
+    """The tokens of the text the denoiser attends to: CLIP's 77; SD3's 77 + its T5's; FLUX's T5 tokens."""
     if pipeline.family == "sd3":
-        return 77 + T5_TOKENS["sd3"]
+        return CLIP_TOKENS + t5_tokens(pipeline)
     if pipeline.family == "flux":
-        return T5_TOKENS["flux-dev" if pipeline.configs[pipeline.denoiser].get("guidance_embeds") else "flux-schnell"]
-    return 77
+        return t5_tokens(pipeline)
+    return CLIP_TOKENS
+
+
+def t5_tokens(pipeline: Pipeline) -> int:
+    """The T5 length SD3 and FLUX encode captions at: their pipelines' `max_sequence_length` defaults (T5_TOKENS),
+    which the memory estimate traces and the trainer encodes at. (The FLUX example's --max_sequence_length is 512 as
+    well, train_dreambooth_lora_flux.py L348-352; the SD3 example's is 77, train_dreambooth_lora_sd3.py L338-342.)"""
+    if pipeline.family == "sd3":
+        return T5_TOKENS["sd3"]
+    return T5_TOKENS["flux-dev" if pipeline.configs[pipeline.denoiser].get("guidance_embeds") else "flux-schnell"]
 
 
 def latent_shape(pipeline: Pipeline, batch: int, height: int, width: int, frames: int) -> tuple[int, ...]:
@@ -318,6 +342,27 @@ class NoiseSource:
             return torch.rand(count, device=device)
         return torch.rand(count, generator=self.generator).to(device)
 
+    def flow_sigmas(self, family: str, count: int, latents: Any) -> tuple[Any, Any]:
+        """A flow-matching step's sigmas, (count, 1, 1, 1) in the latents' dtype (the examples' get_sigmas casts
+        to model_input.dtype), and its timesteps, (count,) in fp32. With a scheduler (the trainer's), as the examples
+        draw them: u from the family's weighting scheme, the index `u * num_train_timesteps`, and the scheduler's
+        timestep and sigma at that index (the examples look each timestep's index up again, get_sigmas, which finds
+        the same index: the schedule's timesteps are distinct). Without one (the tracer's), a uniform sigma and its
+        timestep `sigma * 1000`, tensors of the same shapes."""
+        import torch
+
+        device = latents.device
+        if self.scheduler is None:
+            drawn = self.uniform(count, device)
+            return drawn.to(latents.dtype).view(count, 1, 1, 1), drawn * 1000.0
+        if WEIGHTING_SCHEME[family] == "logit_normal":
+            u = torch.sigmoid(torch.normal(0.0, 1.0, (count,), generator=self.generator))
+        else:
+            u = torch.rand(count, generator=self.generator)
+        indices = (u * int(self.scheduler.config.num_train_timesteps)).long()
+        sigmas = self.scheduler.sigmas[indices].to(device, latents.dtype).view(count, 1, 1, 1)
+        return sigmas, self.scheduler.timesteps[indices].to(device)
+
     def timesteps(self, count: int, device: Any) -> Any:
         import torch
 
@@ -333,8 +378,10 @@ def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any, cond
     denoiser's prediction under `conditioning` (zeros of its shape where None: the tracer's) against the objective's
     target, in fp32. The objectives are diffusers' examples': for the UNet models the scheduler's noisy latents and
     its target (the noise for `epsilon`, `get_velocity` for `v_prediction`); for SD3 and FLUX flow matching, a sigma
-    drawn uniformly (the examples' `weighting_scheme: none`), `(1 - sigma) latents + sigma noise` against
-    `noise - latents`."""
+    from the scheduler's schedule (NoiseSource.flow_sigmas), `(1 - sigma) latents + sigma noise` against
+    `noise - latents`. SD3's script by default preconditions the output instead (--precondition_outputs 1,
+    L540-545, L1810-1821: `pred * -sigma + noisy` against the latents, which is sigma² times this loss); this is its
+    `--precondition_outputs 0`, and the FLUX script's only loss."""
     import torch
 
     draw = source or NoiseSource()
@@ -343,10 +390,9 @@ def training_loss(model: Any, pipeline: Pipeline, latents: Any, dtype: Any, cond
     noise = draw.normal(latents)
     text = text_length(pipeline)
     if pipeline.family in ("sd3", "flux"):
-        sigmas = draw.uniform(batch, latents.device).view(batch, 1, 1, 1)
+        sigmas, timesteps = draw.flow_sigmas(pipeline.family, batch, latents)  # (batch, 1, 1, 1), (batch,)
         noisy = (1.0 - sigmas) * latents + sigmas * noise
         target = noise - latents
-        timesteps = sigmas.flatten() * 1000.0
         states = _states(conditioning, batch, text, int(config["joint_attention_dim"]), dtype, latents.device)
         pooled = conditioning.pooled if conditioning is not None else \
             torch.zeros(batch, int(config["pooled_projection_dim"]), dtype=dtype, device=latents.device)
@@ -386,15 +432,23 @@ def _states(conditioning: Conditioning | None, batch: int, tokens: int, width: i
 
 
 def _flux_forward(model: Any, config: dict[str, Any], noisy: Any, states: Any, pooled: Any, timesteps: Any) -> Any:
-    """FLUX's transformer on latents packed into 2 × 2 patches, as FluxPipeline._pack_latents does."""
+    """FLUX's transformer as train_dreambooth_lora_flux.py calls it (L1753-1812): the latents packed into 2 × 2
+    patches (FluxPipeline._pack_latents, pipeline_flux.py L522-527), each patch's position as its id (row, column:
+    _prepare_latent_image_ids L508-519), the text's ids zeros (encode_prompt L387), the timestep over 1000, the
+    guidance embedding at the example's scale where the config has one; the prediction unpacked (_unpack_latents
+    L530-543)."""
     import torch
 
     batch, channels, height, width = noisy.shape
     packed = noisy.view(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(
-        batch, (height // 2) * (width // 2), channels * 4)
-    image_ids = torch.zeros((height // 2) * (width // 2), 3, dtype=noisy.dtype, device=noisy.device)
+        batch, (height // 2) * (width // 2), channels * 4)  # (batch, patches, channels × 4)
+    rows = torch.arange(height // 2).view(-1, 1).expand(height // 2, width // 2)
+    columns = torch.arange(width // 2).view(1, -1).expand(height // 2, width // 2)
+    image_ids = torch.stack([torch.zeros_like(rows), rows, columns], dim=-1).reshape(-1, 3).to(
+        device=noisy.device, dtype=noisy.dtype)  # (patches, 3)
     text_ids = torch.zeros(states.shape[1], 3, dtype=noisy.dtype, device=noisy.device)
-    guidance = torch.full((batch,), 1.0, device=noisy.device) if config.get("guidance_embeds") else None
+    guidance = torch.full((batch,), FLUX_TRAINING_GUIDANCE, device=noisy.device) \
+        if config.get("guidance_embeds") else None
     prediction = model(hidden_states=packed, encoder_hidden_states=states, pooled_projections=pooled,
                        timestep=timesteps / 1000.0, img_ids=image_ids, txt_ids=text_ids, guidance=guidance,
                        return_dict=False)[0]
@@ -407,12 +461,22 @@ def is_sdxl(pipeline: Pipeline) -> bool:
     return pipeline.configs[pipeline.denoiser].get("addition_embed_type") == "text_time"
 
 
+# The text encoders each denoiser is trained with, in the pipeline's order (text_encoder, text_encoder_2, ...).
+TRAINED_ENCODERS = {"sd3": "two CLIP encoders and a T5 encoder", "flux": "a CLIP encoder and a T5 encoder"}
+_ENCODER_COUNT = {"sd3": 3, "flux": 2}
+
+
 def untrained_reason(pipeline: Pipeline) -> str | None:
     """Why `tunecast train` cannot train this pipeline yet (None: it can). It trains the UNet models conditioned on
-    one CLIP text encoder (Stable Diffusion 1.x and 2.x, epsilon or v-prediction) and SDXL (two CLIP encoders, the
-    pooled embedding and the size conditioning); SD3's and FLUX's text encoders (CLIP and T5) and video are not built
-    yet."""
+    one CLIP text encoder (Stable Diffusion 1.x and 2.x, epsilon or v-prediction), SDXL (two CLIP encoders, the
+    pooled embedding and the size conditioning), SD3 (two CLIP encoders and T5) and FLUX (CLIP and T5) by flow
+    matching; video is not built yet."""
     config = pipeline.configs[pipeline.denoiser]
+    if pipeline.family in _ENCODER_COUNT:
+        if len(pipeline.text_encoders) != _ENCODER_COUNT[pipeline.family]:
+            return (f"a {pipeline.classes[pipeline.denoiser]} trains with {TRAINED_ENCODERS[pipeline.family]}; "
+                    f"this pipeline has {len(pipeline.text_encoders)} text encoders")
+        return None
     if pipeline.family != "unet":
         return f"training a {pipeline.classes[pipeline.denoiser]} is not built yet"
     if is_sdxl(pipeline):
@@ -424,22 +488,49 @@ def untrained_reason(pipeline: Pipeline) -> str | None:
     return None
 
 
-def encode_captions(tokenizers: list[Any], encoders: list[Any], captions: list[str]) -> Conditioning:
-    """The captions as the UNet attends to them, as diffusers' examples make them: each tokenizer's ids padded and
-    truncated to its `model_max_length`, without gradients. One encoder (train_text_to_image.py): its last hidden
-    state. SDXL's two (train_text_to_image_sdxl.py encode_prompt): the hidden states before each one's last layer,
-    side by side, and the second one's pooled projection."""
+def encode_captions(pipeline: Pipeline, tokenizers: list[Any], encoders: list[Any], captions: list[str]
+                    ) -> Conditioning:
+    """The captions as the denoiser attends to them, as diffusers' examples make them, without gradients. Each CLIP
+    tokenizer's ids are padded and truncated to its `model_max_length` (77); T5's to the pipeline's T5 length
+    (t5_tokens).
+    - One encoder (train_text_to_image.py): its last hidden state.
+    - SDXL's two (train_text_to_image_sdxl.py encode_prompt): the hidden states before each one's last layer, side by
+      side, and the second one's pooled projection.
+    - SD3's (train_dreambooth_lora_sd3.py encode_prompt L1014-1060, as StableDiffusion3Pipeline.encode_prompt): the
+      two CLIP encoders' hidden states before their last layer side by side, padded with zeros to T5's width, then
+      T5's last hidden state after them along the tokens; the two pooled projections side by side.
+    - FLUX's (train_dreambooth_lora_flux.py encode_prompt L1031-1068, as FluxPipeline.encode_prompt): T5's last
+      hidden state, and the CLIP encoder's pooled output."""
     import torch
 
-    states: list[Any] = []
-    pooled: Any = None
+    def ids(tokenizer: Any, encoder: Any, length: int) -> Any:
+        return tokenizer(captions, padding="max_length", max_length=length, truncation=True,
+                         return_tensors="pt").input_ids.to(encoder.device)
+
     with torch.no_grad():
+        if pipeline.family == "flux":
+            (clip_tokenizer, t5_tokenizer), (clip, t5) = tokenizers, encoders
+            pooled = clip(ids(clip_tokenizer, clip, CLIP_TOKENS), return_dict=True).pooler_output  # (batch, hidden)
+            states = t5(ids(t5_tokenizer, t5, t5_tokens(pipeline)), return_dict=False)[0]  # (batch, T5 tokens, d)
+            return Conditioning(states, pooled)
+        if pipeline.family == "sd3":
+            clip_states, pooled_parts = [], []
+            for tokenizer, encoder in zip(tokenizers[:2], encoders[:2], strict=True):
+                output = encoder(ids(tokenizer, encoder, CLIP_TOKENS), output_hidden_states=True, return_dict=False)
+                pooled_parts.append(output[0])  # (batch, projection): text_embeds
+                clip_states.append(output[-1][-2])  # (batch, 77, hidden)
+            t5 = encoders[2]
+            t5_states = t5(ids(tokenizers[2], t5, t5_tokens(pipeline)), return_dict=False)[0]  # (batch, T5 tokens, d)
+            joined = torch.cat(clip_states, dim=-1)
+            joined = torch.nn.functional.pad(joined, (0, t5_states.shape[-1] - joined.shape[-1]))
+            return Conditioning(torch.cat([joined, t5_states], dim=-2), torch.cat(pooled_parts, dim=-1))
+        states: list[Any] = []
+        pooled: Any = None
         for tokenizer, encoder in zip(tokenizers, encoders, strict=True):
-            ids = tokenizer(captions, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
-                            return_tensors="pt").input_ids.to(encoder.device)
+            tokens = ids(tokenizer, encoder, tokenizer.model_max_length)
             if len(encoders) == 1:
-                return Conditioning(encoder(ids, return_dict=False)[0])
-            output = encoder(ids, output_hidden_states=True, return_dict=False)
+                return Conditioning(encoder(tokens, return_dict=False)[0])
+            output = encoder(tokens, output_hidden_states=True, return_dict=False)
             pooled = output[0]  # (batch, projection): the text_embeds of CLIPTextModelWithProjection
             states.append(output[-1][-2])  # (batch, tokens, hidden)
     assert pooled is not None

@@ -125,15 +125,16 @@ class Captions:
     """The captions as the denoiser attends to them: encoded once (`diffusion.cache_text`), or by the resident text
     encoders for each batch. For SDXL, with each image's size conditioning (`sizes`: data/images.size_conditioning)."""
 
-    def __init__(self, tokenizers: list[Any], encoders: list[Any], captions: list[str],
+    def __init__(self, pipeline: Pipeline, tokenizers: list[Any], encoders: list[Any], captions: list[str],
                  sizes: list[tuple[int, ...]] | None, *, cache: bool, check: Any) -> None:
-        self.tokenizers, self.encoders, self.captions, self.sizes = tokenizers, encoders, captions, sizes
+        self.pipeline, self.tokenizers, self.encoders = pipeline, tokenizers, encoders
+        self.captions, self.sizes = captions, sizes
         self.cached: list[Conditioning] | None = None
         if cache:
             self.cached = []
             for caption in captions:
                 check()
-                self.cached.append(encode_captions(tokenizers, encoders, [caption]))
+                self.cached.append(encode_captions(pipeline, tokenizers, encoders, [caption]))
             self.encoders = []  # unloaded
 
     def batch(self, indices: list[int], dtype: torch.dtype, device: torch.device) -> Conditioning:
@@ -142,7 +143,8 @@ class Captions:
             pooled = [one.pooled for one in chosen if one.pooled is not None]
             encoded = Conditioning(torch.cat([one.states for one in chosen]), torch.cat(pooled) if pooled else None)
         else:
-            encoded = encode_captions(self.tokenizers, self.encoders, [self.captions[i] for i in indices])
+            encoded = encode_captions(self.pipeline, self.tokenizers, self.encoders,
+                                      [self.captions[i] for i in indices])
         if self.sizes is None:
             return encoded
         time_ids = torch.tensor([self.sizes[i] for i in indices], dtype=dtype, device=device)  # (batch, 6)
@@ -157,7 +159,7 @@ class DiffusionData:
     images: list[Captioned]
     latents: Latents
     captions: Captions
-    noise_scheduler: Any  # the UNet models' DDPMScheduler
+    noise_scheduler: Any  # the UNet models' DDPMScheduler, SD3's and FLUX's FlowMatchEulerDiscreteScheduler
     base: str  # the base final/ loads into: the run's base/, the pipeline folder or its Hub id
 
 
@@ -195,7 +197,7 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
                       cache=shape.cache_latents, check=flag.check)
     sizes: list[tuple[int, ...]] | None = [size_conditioning(one.image, shape.width, shape.height)
                                            for one in images] if is_sdxl(pipeline) else None
-    captions = Captions(parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
+    captions = Captions(pipeline, parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
                         [one.caption for one in images], sizes, cache=shape.cache_text, check=flag.check)
     noise_scheduler, origin = parts.scheduler, parts.origin
     del parts  # the VAE and text encoders stay only where they are used (not when cached)

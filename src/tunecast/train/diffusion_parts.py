@@ -40,8 +40,8 @@ class PipelineParts:
 
     denoiser: Any
     vae: Any
-    text_encoders: list[Any]  # in the pipeline's order (text_encoder, text_encoder_2)
-    tokenizers: list[Any]  # each encoder's (tokenizer, tokenizer_2)
+    text_encoders: list[Any]  # in the pipeline's order (text_encoder, text_encoder_2, text_encoder_3)
+    tokenizers: list[Any]  # each encoder's (tokenizer, tokenizer_2, tokenizer_3)
     scheduler: Any
     origin: str
     random: bool
@@ -108,10 +108,14 @@ def _tokenizer(pipeline: Pipeline, encoder: str, source: str, *, local: bool) ->
 
 
 def _scheduler(pipeline: Pipeline) -> Any:
-    """The UNet models' noise schedule, as diffusers' examples make it: DDPMScheduler from the pipeline's scheduler
-    config (the config's own class is for sampling)."""
-    from diffusers import DDPMScheduler
+    """The noise schedule, as diffusers' examples make it from the pipeline's scheduler config: for the UNet models a
+    DDPMScheduler (the config's own class is for sampling); for SD3 and FLUX the FlowMatchEulerDiscreteScheduler
+    whose timesteps and sigmas they draw from (train_dreambooth_lora_sd3.py L1200-1203, _flux.py L1202-1205; SD3's
+    shift 3.0 applied to its sigmas, FLUX's dynamic shifting not, as the scheduler makes them)."""
+    from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
 
+    if pipeline.objective == "flow":
+        return FlowMatchEulerDiscreteScheduler.from_config(pipeline.configs["scheduler"])
     return DDPMScheduler.from_config(pipeline.configs["scheduler"])
 
 
@@ -142,11 +146,13 @@ def write_final(model: Any, pipeline: Pipeline, spec: RunSpec, storage: Storage,
             from diffusers.utils.state_dict_utils import convert_state_dict_to_diffusers
             from peft.utils import get_peft_model_state_dict
 
-            layers = convert_state_dict_to_diffusers(get_peft_model_state_dict(model))
-            config = model.peft_config["default"]
-            getattr(diffusers, pipeline.pipeline_class).save_lora_weights(
-                str(folder), unet_lora_layers=layers, safe_serialization=True,
-                unet_lora_adapter_metadata=config.to_dict())
+            layers = get_peft_model_state_dict(model)
+            if pipeline.denoiser == "unet":  # the UNet examples convert; SD3's and FLUX's save peft's names as they
+                layers = convert_state_dict_to_diffusers(layers)  # are (_sd3.py L1943-1954, _flux.py L1941-1951)
+            config = model.peft_config["default"].to_dict()
+            getattr(diffusers, pipeline.pipeline_class).save_lora_weights(  # unet_... or transformer_lora_layers
+                str(folder), safe_serialization=True, **{f"{pipeline.denoiser}_lora_layers": layers,
+                                                         f"{pipeline.denoiser}_lora_adapter_metadata": config})
             sorted_metadata(folder / LORA_WEIGHTS)
         else:
             model.save_pretrained(str(folder))

@@ -104,8 +104,8 @@ def check_pipeline_run(spec: RunSpec, pipeline: Pipeline) -> list[Captioned]:
     reason = untrained_reason(pipeline)
     if reason is not None:
         raise TunecastError(f"{pipeline.name}: {reason}", field="model",
-                            hint="tunecast trains Stable Diffusion 1.x/2.x- and SDXL-style pipelines so far; "
-                                 "`tunecast memory` estimates this one")
+                            hint="tunecast trains Stable Diffusion 1.x/2.x-, SDXL-, SD3- and FLUX-style pipelines so "
+                                 "far; `tunecast memory` estimates this one")
     refused = [("eval.examples", spec.eval.examples > 0, "a held-out loss of a diffusion run is not built yet",
                 "set eval.examples: 0"),
                ("dataset.path", spec.dataset.path is None, "training needs a folder of images with captions",
