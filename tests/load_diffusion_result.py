@@ -1,8 +1,9 @@
 """Load a finished diffusion run's result with diffusers, as its model card says, and make an image from a prompt
-(2 inference steps, 32 px): `python load_diffusion_result.py OUTPUT lora|full` (the pipeline class is the one the
-run's base/model_index.json names: StableDiffusionPipeline or StableDiffusionXLPipeline). Prints one JSON line: the image's
-shape, whether every value is finite, and whether the result changed the image the base pipeline makes (the
-trained weights were applied). Run by tests/integration/test_train_diffusion.py in a warm fork server's child."""
+(2 inference steps, 32 px): `python load_diffusion_result.py OUTPUT lora|full`. The pipeline class is the one the
+run's base/model_index.json names (StableDiffusionPipeline, StableDiffusionXLPipeline, StableDiffusion3Pipeline or
+FluxPipeline); for `full`, its denoiser's class loads final/. Prints one JSON line: the image's shape, whether every
+value is finite, and whether the result changed the image the base pipeline makes (the trained weights were
+applied). Run by tests/integration/test_train_diffusion.py in a warm fork server's child."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ from typing import Any
 import diffusers
 import numpy as np
 import torch
-from diffusers import UNet2DConditionModel
 from diffusers.utils import logging
 
 PROMPT = "a red circle on a white background"
@@ -28,15 +28,17 @@ def image(pipe: Any) -> np.ndarray:
 def main() -> None:
     logging.set_verbosity_error()
     output, method = Path(sys.argv[1]), sys.argv[2]
-    kind = getattr(diffusers, json.loads((output / "base" / "model_index.json").read_text())["_class_name"])
+    index = json.loads((output / "base" / "model_index.json").read_text())
+    kind = getattr(diffusers, index["_class_name"])
+    denoiser = "unet" if "unet" in index else "transformer"
     pipe = kind.from_pretrained(str(output / "base"))
     pipe.set_progress_bar_config(disable=True)
     before = image(pipe)
     if method == "lora":
         pipe.load_lora_weights(str(output / "final"))
     else:
-        unet = UNet2DConditionModel.from_pretrained(str(output / "final"))
-        pipe = kind.from_pretrained(str(output / "base"), unet=unet)
+        model = getattr(diffusers, index[denoiser][1]).from_pretrained(str(output / "final"))
+        pipe = kind.from_pretrained(str(output / "base"), **{denoiser: model})
         pipe.set_progress_bar_config(disable=True)
     after = image(pipe)
     print(json.dumps({"shape": list(after.shape), "finite": bool(np.isfinite(after).all()),

@@ -217,6 +217,20 @@ def test_sd3_lora_trains_and_loads_into_sd3_pipeline(server: ForkServer, tmp_pat
     _loads_into_its_pipeline(server, tmp_path / "out", tmp_path)
 
 
+def test_flux_full_fine_tune_loads_into_flux_pipeline(server: ForkServer, flux_reference: dict,
+                                                      tmp_path: Path) -> None:
+    """Full fine-tuning of the transformer, latents and text cached: FluxTransformer2DModel.from_pretrained loads
+    final/ and FluxPipeline makes an image with it."""
+    config = tiny_diffusion_run(tmp_path, model=str(flux_reference["tmp"] / "flux"), method="full", max_steps=2,
+                                **{"diffusion.cache_latents": True})
+    assert server.run(["train", str(config)], tmp_path / "log.txt") == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    assert (tmp_path / "out" / "final" / "diffusion_pytorch_model.safetensors").is_file()
+    log = tmp_path / "load.txt"
+    code = server.run_script(REPO / "tests" / "load_diffusion_result.py", [str(tmp_path / "out"), "full"], log)
+    assert code == 0, log.read_text()[-3000:]
+    assert json.loads(log.read_text().strip().splitlines()[-1])["finite"]
+
+
 def _no_caption(folder: Path) -> str:
     (folder / "red-circle.txt").unlink()
     return "red-circle.png: no caption (red-circle.txt is missing)"
