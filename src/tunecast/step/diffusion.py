@@ -510,9 +510,9 @@ def encode_captions(pipeline: Pipeline, tokenizers: list[Any], encoders: list[An
     with torch.no_grad():
         if pipeline.family == "flux":
             (clip_tokenizer, t5_tokenizer), (clip, t5) = tokenizers, encoders
-            pooled = clip(ids(clip_tokenizer, clip, CLIP_TOKENS), return_dict=True).pooler_output  # (batch, hidden)
-            states = t5(ids(t5_tokenizer, t5, t5_tokens(pipeline)), return_dict=False)[0]  # (batch, T5 tokens, d)
-            return Conditioning(states, pooled)
+            clip_pooled = clip(ids(clip_tokenizer, clip, CLIP_TOKENS), return_dict=True).pooler_output  # (batch, d)
+            t5_out = t5(ids(t5_tokenizer, t5, t5_tokens(pipeline)), return_dict=False)[0]  # (batch, T5 tokens, d)
+            return Conditioning(t5_out, clip_pooled)
         if pipeline.family == "sd3":
             clip_states, pooled_parts = [], []
             for tokenizer, encoder in zip(tokenizers[:2], encoders[:2], strict=True):
