@@ -191,8 +191,8 @@ class DiffusionPlanner:
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
         """The step's memory on `gpu`: a replay where the step's profiles are cached (estimate/diffusion_fit.py), else
         a trace that counts the step's work too (a pass more, cheaper than a trace again for the shape chosen)."""
-        spec = self.spec.with_changes({"grad_checkpointing": checkpointing})
-        shape = replace(diffusion_shape(spec, self.pipeline), batch=batch)
+        spec = self.spec.with_changes({"grad_checkpointing": checkpointing, "micro_batch": batch})
+        shape = diffusion_shape(spec, self.pipeline)
         if cached_profile(self.pipeline, diffusion_settings(spec), batch, shape.frames, shape.cache_latents) is None:
             traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
         return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
@@ -217,8 +217,8 @@ class DiffusionPlanner:
             if micro is None:
                 continue
             memory = self._estimate(gpu, micro, check)
-            settings = diffusion_settings(spec.with_changes({"grad_checkpointing": check}))
-            shape = replace(diffusion_shape(spec, self.pipeline), batch=micro)
+            chosen = spec.with_changes({"grad_checkpointing": check, "micro_batch": micro})
+            settings, shape = diffusion_settings(chosen), diffusion_shape(chosen, self.pipeline)
             flops = traced_step(self.pipeline, settings, shape, count_flops=True).flops
             step = step_time(flops, spec, gpu, self.catalog, batch // micro)
             hours = self.workload.steps(batch) * step.total_s / SECONDS_PER_HOUR
@@ -283,7 +283,7 @@ def plan_diffusion(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, catalog: 
         return (2,)
 
     ranked = sorted(kept, key=key)
-    asked: DiffusionShape = diffusion_shape(spec, pipeline)
+    asked: DiffusionShape = diffusion_shape(spec.with_changes({"micro_batch": planner.global_batch()}), pipeline)
     return {"model": pipeline.name, "pipeline": pipeline.pipeline_class,
             "denoiser": pipeline.classes[pipeline.denoiser], "method": spec.method, "precision": spec.precision,
             "optimizer": spec.optimizer, "width": asked.width, "height": asked.height,

@@ -80,6 +80,10 @@ def test_plan_of_a_pipeline_on_the_command_line_ranks_offers_and_refuses_a_run_w
     assert planned.code == 0, planned.stderr
     document = planned.json()
     assert document["dataset"]["images"] == 40 and document["options"][0]["provider"]
+    automatic = cli("plan", "--model", folder, "--resolution", "64", "--gpu", "rtx-4090", "--set",
+                    "diffusion.images=40", "--micro-batch", "auto", "--global-batch", "4", "--json")
+    assert automatic.code == 0, automatic.stderr
+    assert automatic.json()["options"][0]["micro_batch"] == 4  # the tiny step: the whole global batch fits at once
     shown = cli("plan", "--model", folder, "--resolution", "64", "--gpu", "rtx-4090", "--set", "diffusion.images=40")
     assert shown.code == 0 and "img/s" in shown.stdout
     missing = cli("plan", "--model", folder, "--gpu", "rtx-4090")
