@@ -456,7 +456,8 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
             or not fits_grid(shape.width, shape.height):
         progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} "
                           "px on fake tensors (no template yet): about 10-30 s on a laptop CPU"
-                          + (", then its profiles for any batch and resolution (eight traces, kept in the cache)"
+                          + (", then its profiles for any batch and resolution (eight traces, 1-4 min; kept in the "
+                             "cache, so the next question about this run is a replay)"
                              if gpu is not None and fits_grid(shape.width, shape.height) else ""))
     if gpu is not None:  # the limits will need the profiles: fitted first, the estimate is then a replay
         fit_profiles(pipeline, settings, shape)
