@@ -255,6 +255,8 @@ def _pipeline(spec: RunSpec, problems: list[Problem], locate: Any) -> Pipeline |
         ("diffusion.base_8bit", spec.diffusion.base_8bit and spec.precision == "fp32",
          "8-bit frozen weights are upcast by mixed precision's autocast, which fp32 does not run (kohya asserts "
          "it, train_network.py L831-833)", "set precision: bf16-mixed (or fp16-mixed)"),
+        ("grad_checkpointing", spec.grad_checkpointing is True and pipeline.family == "unet3d",
+         "diffusers cannot checkpoint the video UNet (UNet3DConditionModel)", "set grad_checkpointing: false"),
         ("gpus.count", spec.gpus.count > 1, "a diffusion step is estimated on one GPU only for now",
          "set gpus.count: 1"),
         ("gpus.offload", spec.gpus.offload != "none", "offloading a diffusion model is not modelled yet",

@@ -27,7 +27,7 @@ from tunecast.estimate.diffusion_fit import (
 )
 from tunecast.estimate.fit import Suggestion, _largest_along, _solved
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
-from tunecast.step.diffusion import DiffusionSettings
+from tunecast.step.diffusion import DiffusionSettings, supports_checkpointing
 from tunecast.units import BYTES_PER_GIB
 
 
@@ -243,11 +243,12 @@ def images_per_step(spec: RunSpec) -> int:
     return spec.global_batch or micro * spec.grad_accum
 
 
-def checkpointing_options(spec: RunSpec) -> list[bool]:
-    """Gradient checkpointing as the run sets it, else off first and on where nothing fits without it."""
+def checkpointing_options(spec: RunSpec, pipeline: Pipeline) -> list[bool]:
+    """Gradient checkpointing as the run sets it, else off first and on where nothing fits without it (where
+    diffusers can checkpoint the denoiser)."""
     if spec.fixed("grad_checkpointing") and spec.grad_checkpointing != "auto":
         return [spec.grad_checkpointing is True]
-    return [False, True]
+    return [False, True] if supports_checkpointing(pipeline) else [False]
 
 
 def largest_fitting(estimate: Callable[[int], MemoryEstimate], candidates: list[int], capacity: float,
@@ -412,7 +413,7 @@ def _suggestions(spec: RunSpec, pipeline: Pipeline, gpu: Gpu, overheads: tuple[O
     from tunecast.estimate import progress
 
     candidates: list[tuple[str, dict[str, Any]]] = []
-    if spec.grad_checkpointing is not True:
+    if spec.grad_checkpointing is not True and supports_checkpointing(pipeline):
         candidates.append(("turn on gradient checkpointing", {"grad_checkpointing": True}))
     if not spec.diffusion.cache_latents:
         candidates.append(("cache the VAE's latents before training (the VAE not loaded)",

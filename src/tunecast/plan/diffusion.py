@@ -208,7 +208,7 @@ class DiffusionPlanner:
         if fixed and batch % int(spec.micro_batch):
             return f"micro_batch {spec.micro_batch} does not divide the global batch of {batch} images"
         candidates = [int(spec.micro_batch)] if fixed else divisors(batch)
-        checkpointing = checkpointing_options(spec)
+        checkpointing = checkpointing_options(spec, self.pipeline)
         least = math.inf
         for check in checkpointing:
             micro, total = largest_fitting(lambda n, check=check: self._estimate(gpu, n, check),  # type: ignore[misc]

@@ -154,6 +154,12 @@ def build_denoiser(pipeline: Pipeline, settings: DiffusionSettings, device: str 
     return adapt_denoiser(make_denoiser(pipeline, settings, device), pipeline, settings)
 
 
+def supports_checkpointing(pipeline: Pipeline) -> bool:
+    """Whether diffusers can checkpoint the denoiser: not the video UNet (UNet3DConditionModel sets
+    `_supports_gradient_checkpointing = False` in diffusers 0.42; enable_gradient_checkpointing raises)."""
+    return pipeline.family != "unet3d"
+
+
 def denoiser_dtype(settings: DiffusionSettings) -> Any:
     """The dtype the denoiser's weights are built or loaded in: LoRA's frozen weight dtype, full training's."""
     from tunecast.step.setup import param_dtype

@@ -124,6 +124,7 @@ def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, ca
         images_per_step,
         largest_fitting,
     )
+    from tunecast.step.diffusion import supports_checkpointing
 
     per_step = images_per_step(spec)
     capacity = device.free_gib * (1 - spec.plan.memory_margin)
@@ -136,6 +137,8 @@ def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, ca
             raise TunecastError(f"micro_batch {sizes[0]} does not divide the {per_step} images per optimizer step",
                                 field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
     checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
+    if not supports_checkpointing(pipeline):
+        checkpointing = [False]
     if not check_memory:
         return BatchChoice(sizes[-1], per_step // sizes[-1], checkpointing[0], None, capacity, ("memory not checked",))
     least = float("inf")

@@ -221,3 +221,16 @@ def test_a_pipeline_that_does_not_fit_gets_the_changes_that_save_memory_each_tra
     assert traced.as_dict(spec)["suggestions"][0]["estimated"] is True
     assert answer_diffusion_memory(spec, load_pipeline(folder), base, catalog.overheads, device="cuda").suggestions \
         == ()
+
+
+def test_checkpointing_a_video_unet_is_refused_in_one_line_and_never_suggested(cli) -> None:
+    """diffusers cannot checkpoint UNet3DConditionModel (enable_gradient_checkpointing raises): asked, it is refused
+    before anything traces; left open, the plan and the run's batch choice never take it."""
+    from tunecast.config.spec import RunSpec
+    from tunecast.estimate.diffusion import checkpointing_options
+
+    refused = cli("memory", "--model", "damo-vilab/text-to-video-ms-1.7b", "--grad-checkpointing")
+    assert refused.code == 2 and "grad_checkpointing" in refused.stderr and "Traceback" not in refused.stderr
+    video = load_pipeline("damo-vilab/text-to-video-ms-1.7b")
+    assert checkpointing_options(RunSpec(model=video.name), video) == [False]
+    assert checkpointing_options(RunSpec(model="x"), load_pipeline("runwayml/stable-diffusion-v1-5")) == [False, True]

@@ -21,7 +21,7 @@ from tests.unit.estimate.test_diffusion import tiny_pipeline
 
 
 def test_a_fitted_profile_replays_other_shapes_to_the_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fitted from five traces (b = 2, 3 at 256 and 320 px; checked at 384 px) and from three for a batch of one, the
+    """Fitted from five traces (b = 2, 3 at 512 and 640 px; checked at 1024 px) and from three for a batch of one, the
     profile replays shapes outside the fit, square or not, with the same peaks in every phase and the same reserve as
     those shapes' own traces; the fit is kept in the cache folder and read back."""
     monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "cache"))

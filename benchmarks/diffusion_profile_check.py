@@ -1,0 +1,90 @@
+"""A diffusion step's fitted profile (estimate/diffusion_fit.py) against its own traces at shapes outside the fit.
+
+For each catalog pipeline (LoRA with checkpointing, latents and text cached: the common low-memory run), the profiles
+for a batch of one and of more are fitted as `tunecast memory --gpu` fits them (256 and 320 px, checked at 384 px),
+then replayed at larger shapes, square or not, and compared with a direct trace of each: every phase's peak and the
+allocator's reserve must be the same integers.
+
+Run:  .venv/bin/python benchmarks/diffusion_profile_check.py   (about 15 min here)
+Writes the table between the diffusion-profiles markers of docs/validation/memory.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from docsection import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "validation" / "memory.md"
+MARK = "diffusion-profiles"
+PIPELINES = ("runwayml/stable-diffusion-v1-5", "stabilityai/stable-diffusion-xl-base-1.0",
+             "stabilityai/stable-diffusion-3-medium-diffusers", "black-forest-labs/FLUX.1-dev",
+             "damo-vilab/text-to-video-ms-1.7b")
+SHAPES = ((4, 1024, 1024), (1, 768, 768), (2, 768, 512))  # (batch, width, height), outside the fit
+VIDEO_FRAMES = 8
+
+
+def check(name: str) -> list[str]:
+    from tunecast.catalog.diffusion import load_pipeline
+    from tunecast.estimate.diffusion import DiffusionShape, trace_diffusion_step
+    from tunecast.estimate.diffusion_fit import canonical, fitted_profile, latent_pixels
+    from tunecast.estimate.profile import profile_from_trace, replay
+    from tunecast.step.diffusion import DiffusionSettings
+
+    pipeline = load_pipeline(name)
+    settings = DiffusionSettings(grad_checkpointing=True)
+    frames = VIDEO_FRAMES if pipeline.video else 1
+
+    def trace(batch: int, width: int, height: int) -> object:
+        return trace_diffusion_step(pipeline, settings, DiffusionShape(batch, width, height, frames, cache_latents=True,
+                                                                       cache_text=True))
+
+    started = time.perf_counter()
+    profiles = {batch: fitted_profile(pipeline, settings, batch, frames, True,
+                                      lambda b, side: trace(b, side, side)) for batch in (1, 2)}
+    fitted_s = time.perf_counter() - started
+    rows = []
+    for batch, width, height in SHAPES:
+        profile = profiles[min(batch, 2)]
+        own = trace(batch, width, height)
+        direct = replay(profile_from_trace(1, replace(own, events=canonical(own.events))), batch, 1, cuda=True)
+        if profile is None:
+            rows.append(f"| {name} | {batch} × {width}×{height} | not fitted | {direct.peak_reserved / 2**30:.3f} | "
+                        "— | traced directly |")
+            continue
+        fitted = replay(profile, batch, latent_pixels(pipeline, width, height), cuda=True)
+        same = fitted.peak_reserved == direct.peak_reserved and all(
+            fitted.phases[phase].allocated == direct.phases[phase].allocated for phase in direct.phases)
+        rows.append(f"| {name} | {batch} × {width}×{height}{f' × {frames} frames' if pipeline.video else ''} | "
+                    f"{fitted_s:.0f} s | {direct.peak_reserved / 2**30:.3f} | {fitted.peak_reserved / 2**30:.3f} | "
+                    f"{'the same integers' if same else 'DIFFERENT'} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> int:
+    os.environ["TUNECAST_CACHE"] = tempfile.mkdtemp(prefix="tunecast-profile-check-")  # fitted here, not read
+    lines = [
+        f"Measured with `.venv/bin/python benchmarks/diffusion_profile_check.py` on {time.strftime('%Y-%m-%d')} "
+        f"(torch {__import__('torch').__version__}, diffusers {__import__('diffusers').__version__}): LoRA, "
+        "checkpointing, latents and text cached; reserved GiB on a GPU. \"Fit\" is the time of the two profiles' "
+        "eight traces.",
+        "",
+        "| pipeline | shape | fit | direct trace: reserved GiB | profile: reserved GiB | every phase's peak and the "
+        "reserve |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for name in PIPELINES:
+        lines += check(name)
+    write_section(DOC, MARK, "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
