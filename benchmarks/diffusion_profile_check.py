@@ -1,7 +1,8 @@
 """A diffusion step's fitted profile (estimate/diffusion_fit.py) against its own traces at shapes outside the fit.
 
-For each catalog pipeline (LoRA with checkpointing, latents and text cached: the common low-memory run), the profiles
-for a batch of one and of more are fitted as `tunecast memory --gpu` fits them (256 and 320 px, checked at 384 px),
+For each catalog pipeline (LoRA with checkpointing where diffusers can checkpoint it, latents and text cached: the
+common low-memory run), the profiles
+for a batch of one and of more are fitted as `tunecast memory --gpu` fits them (512 and 640 px, checked at 1024 px),
 then replayed at larger shapes, square or not, and compared with a direct trace of each: every phase's peak and the
 allocator's reserve must be the same integers.
 
@@ -35,10 +36,10 @@ def check(name: str) -> list[str]:
     from tunecast.estimate.diffusion import DiffusionShape, trace_diffusion_step
     from tunecast.estimate.diffusion_fit import canonical, fitted_profile, latent_pixels
     from tunecast.estimate.profile import profile_from_trace, replay
-    from tunecast.step.diffusion import DiffusionSettings
+    from tunecast.step.diffusion import DiffusionSettings, supports_checkpointing
 
     pipeline = load_pipeline(name)
-    settings = DiffusionSettings(grad_checkpointing=True)
+    settings = DiffusionSettings(grad_checkpointing=supports_checkpointing(pipeline))
     frames = VIDEO_FRAMES if pipeline.video else 1
 
     def trace(batch: int, width: int, height: int) -> object:
