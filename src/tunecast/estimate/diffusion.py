@@ -17,7 +17,7 @@ from typing import Any
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.overheads import Overhead, overhead_bytes
-from tunecast.config.spec import DEFAULT_MICRO_BATCH, RunSpec
+from tunecast.config.spec import RunSpec
 from tunecast.estimate.diffusion_fit import (
     FIT_SIDE_STEP,
     cached_profile,
@@ -234,13 +234,6 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
     batch = spec.micro_batch
     return DiffusionShape(batch, height, width, spec.diffusion.frames or DEFAULT_FRAMES,
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
-
-
-def images_per_step(spec: RunSpec) -> int:
-    """Images (or clips) per optimizer step: `global_batch`, else micro_batch × grad_accum (`micro_batch: auto`
-    counting as the default micro-batch)."""
-    micro = spec.micro_batch if isinstance(spec.micro_batch, int) else DEFAULT_MICRO_BATCH
-    return spec.global_batch or micro * spec.grad_accum
 
 
 def checkpointing_options(spec: RunSpec, pipeline: Pipeline) -> list[bool]:

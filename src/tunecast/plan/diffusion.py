@@ -37,6 +37,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.spec import RunSpec
+from tunecast.data.images import IMAGE_SUFFIXES
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import (
     DiffusionShape,
@@ -44,7 +45,6 @@ from tunecast.estimate.diffusion import (
     diffusion_settings,
     diffusion_shape,
     estimate_diffusion_memory,
-    images_per_step,
     largest_fitting,
     traced_step,
 )
@@ -55,7 +55,6 @@ from tunecast.plan.planner import MIB, divisors
 from tunecast.plan.throughput import _Rates
 from tunecast.units import BYTES_PER_GIB, SECONDS_PER_HOUR
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 SIZE_HINT = "set dataset.path to the image folder, or diffusion.images to the number of images"
 
 
@@ -186,7 +185,7 @@ class DiffusionPlanner:
     workload: ImageWorkload
 
     def global_batch(self) -> int:
-        return images_per_step(self.spec)
+        return self.spec.sequences_per_step  # images here: a pipeline trains on one GPU (config/load.py)
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
         """The step's memory on `gpu`: a replay where the step's profiles are cached (estimate/diffusion_fit.py), else

@@ -57,6 +57,18 @@ def sequences_per_step(spec: RunSpec) -> int:
     return (spec.micro_batch if spec.micro_batch != "auto" else DEFAULT_MICRO_BATCH) * spec.grad_accum
 
 
+def _micro_batches(spec: RunSpec, per_step: int, unit: str) -> list[int]:
+    """The micro-batches to try, largest first: with `micro_batch: auto` every divisor of the step's `per_step`
+    `unit`s, else the one the run sets, which must divide them."""
+    if spec.micro_batch == "auto":
+        return [d for d in range(per_step, 0, -1) if per_step % d == 0]
+    size = int(spec.micro_batch)
+    if per_step % size:
+        raise TunecastError(f"micro_batch {size} does not divide the {per_step} {unit} per optimizer step",
+                            field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
+    return [size]
+
+
 def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, catalog: Catalog, *,
                  check_memory: bool = True, keep_freed: bool = False, loading_gib: float = 0.0) -> BatchChoice:
     """`keep_freed`: on the CPU, the runner may keep freed memory (the user did not tune glibc's allocator);
@@ -64,14 +76,7 @@ def choose_batch(spec: RunSpec, config_data: dict[str, object], device: Device, 
     per_step = sequences_per_step(spec)
     capacity = device.free_gib * (1 - spec.plan.memory_margin)
     auto_batch = spec.micro_batch == "auto"
-    if auto_batch:
-        sizes = [d for d in range(per_step, 0, -1) if per_step % d == 0]
-    else:
-        size = int(spec.micro_batch)
-        if per_step % size:
-            raise TunecastError(f"micro_batch {size} does not divide the {per_step} sequences per optimizer step",
-                                field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
-        sizes = [size]
+    sizes = _micro_batches(spec, per_step, "sequences")
     checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
     if not check_memory:
         chosen = sizes[-1] if auto_batch else sizes[0]
@@ -121,21 +126,14 @@ def choose_diffusion_batch(spec: RunSpec, pipeline: Pipeline, device: Device, ca
         diffusion_settings,
         diffusion_shape,
         estimate_diffusion_memory,
-        images_per_step,
         largest_fitting,
     )
     from tunecast.step.diffusion import supports_checkpointing
 
-    per_step = images_per_step(spec)
+    per_step = spec.sequences_per_step  # images: a pipeline trains in one process
     capacity = device.free_gib * (1 - spec.plan.memory_margin)
     auto_batch = spec.micro_batch == "auto"
-    if auto_batch:
-        sizes = [d for d in range(per_step, 0, -1) if per_step % d == 0]
-    else:
-        sizes = [int(spec.micro_batch)]
-        if per_step % sizes[0]:
-            raise TunecastError(f"micro_batch {sizes[0]} does not divide the {per_step} images per optimizer step",
-                                field="micro_batch", hint="choose a divisor of global_batch, or micro_batch: auto")
+    sizes = _micro_batches(spec, per_step, "images")
     checkpointing = [False, True] if spec.grad_checkpointing == "auto" else [bool(spec.grad_checkpointing)]
     if not supports_checkpointing(pipeline):
         checkpointing = [False]
