@@ -113,12 +113,7 @@ def _dtype(m: Mapper, key: str, value: Any) -> None:
 
 
 def _optimizer(m: Mapper, key: str, value: Any) -> None:
-    name = str(value).lower()
-    if name in _OPTIMIZERS:
-        m.put(key, "optimizer", _OPTIMIZERS[name])
-    else:
-        m.skip(key, value, f"optimizer {value!r} is not one tunecast models: estimated with AdamW's two fp32 states "
-                           "per trained parameter (a small part of a LoRA run's peak)")
+    mp.put_optimizer(m, key, value, _OPTIMIZERS)
 
 
 def _quantize(m: Mapper, key: str, value: Any) -> None:

@@ -57,14 +57,7 @@ def read(path: Path) -> Imported:
 
 def _read_toml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     """The file's keys as sd-scripts merges them (every table's into one; a later one wins), and each key's line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TunecastError(f"{LABEL} config {path} does not exist", field="config",
-                            hint="check the path to the tool's TOML training config") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise TunecastError(f"cannot read {LABEL} config {path}: {error}", field="config",
-                            hint="give the tool's TOML training config (--config_file)") from None
+    text = mp.read_config_text(path, LABEL, "TOML")
     try:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -141,14 +134,10 @@ def _full_bf16(m: Mapper, key: str, value: Any) -> None:
 
 
 def _optimizer(m: Mapper, key: str, value: Any) -> None:
-    name = str(value).lower()
-    if not name:
+    if not str(value):
         m.skip(key, value, "empty: kohya's AdamW (the runner's default)")
-    elif name in _OPTIMIZERS:
-        m.put(key, "optimizer", _OPTIMIZERS[name])
     else:
-        m.skip(key, value, f"optimizer {value!r} is not one tunecast models: estimated with AdamW's two fp32 states "
-                           "per trained parameter (a small part of a LoRA run's peak)")
+        mp.put_optimizer(m, key, value, _OPTIMIZERS)
 
 
 def _eight_bit_adam(m: Mapper, key: str, value: Any) -> None:

@@ -165,19 +165,35 @@ def leaves(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("."), data)]
 
 
+def read_config_text(path: Path, label: str, kind: str) -> str:
+    """The text of another tool's config file (`kind`: YAML, TOML); a user error naming it where it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TunecastError(f"{label} config {path} does not exist", field="config",
+                            hint=f"check the path to the tool's {kind} file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise TunecastError(f"cannot read {label} config {path}: {error}", field="config",
+                            hint=f"give the tool's {kind} training config") from None
+
+
+def put_optimizer(m: Mapper, key: str, value: Any, optimizers: dict[str, str]) -> None:
+    """A tool's optimizer name carried over through `optimizers` (its lower-cased names → tunecast's), or listed as
+    not modelled."""
+    name = str(value).lower()
+    if name in optimizers:
+        m.put(key, "optimizer", optimizers[name])
+    else:
+        m.skip(key, value, f"optimizer {value!r} is not one tunecast models: estimated with AdamW's two fp32 states "
+                           "per trained parameter (a small part of a LoRA run's peak)")
+
+
 def start(tool: str, label: str, path: Path) -> tuple[Mapper, dict[str, Any]]:
     """The tool's YAML file read as the tool reads it (a key written twice: the last value, said in a note), and the
     Mapper that accounts for its keys; a user error when it cannot be a config."""
     from tunecast.config.yamlfile import read_yaml
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TunecastError(f"{label} config {path} does not exist", field="config",
-                            hint="check the path to the tool's YAML file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise TunecastError(f"cannot read {label} config {path}: {error}", field="config",
-                            hint="give the tool's YAML training config") from None
+    text = read_config_text(path, label, "YAML")
     data, lines, problems = read_yaml(text, last_wins=True)
     errors = [problem for problem in problems if problem.severity == "error"]
     if errors:
