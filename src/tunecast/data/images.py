@@ -40,6 +40,16 @@ def _bad(message: str, hint: str) -> TunecastError:
 
 def read_image_folder(path: str) -> list[Captioned]:
     """The folder's images and captions, in name order (or metadata.jsonl's), each image checked to open."""
+    found = list_image_folder(path)
+    for item in found:
+        _check_opens(item.image)
+    return found
+
+
+def list_image_folder(path: str) -> list[Captioned]:
+    """The images a run on the folder trains on and their captions, as read_image_folder finds them, without opening
+    the images: a plan counts what the run will read (the folder's top level, or the images metadata.jsonl names,
+    which may lie in sub-folders), with the same errors for a caption missing."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise _bad(f"{path} is not a folder of images", "a diffusion run trains on a folder of images with a .txt "
@@ -47,8 +57,6 @@ def read_image_folder(path: str) -> list[Captioned]:
     found = _from_metadata(folder) if (folder / METADATA).is_file() else _from_captions(folder)
     if not found:
         raise _bad(f"{path} holds no image ({', '.join(IMAGE_SUFFIXES)})", "put the training images there")
-    for item in found:
-        _check_opens(item.image)
     return found
 
 

@@ -37,7 +37,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.spec import RunSpec
-from tunecast.data.images import IMAGE_SUFFIXES
+from tunecast.data.images import list_image_folder
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import (
     DiffusionShape,
@@ -79,25 +79,14 @@ class ImageWorkload:
                 "dataset_bytes": self.dataset_bytes, "source": self.source}
 
 
-def image_files(folder: Path) -> list[Path]:
-    """The images under `folder` (every level: the imagefolder layout allows sub-folders), by name."""
-    return sorted(path for path in folder.rglob("*") if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file())
-
-
 def image_workload(spec: RunSpec) -> ImageWorkload:
-    """The run's images: the folder `dataset.path` counted, or `diffusion.images` as declared."""
+    """The run's images: those of the folder `dataset.path` that the run trains on (data/images.py: the top level's
+    captioned images, or those metadata.jsonl names), or `diffusion.images` as declared."""
     epochs = spec.epochs if spec.epochs is not None else 1
     if spec.dataset.path is not None:
-        folder = Path(spec.dataset.path)
-        if not folder.is_dir():
-            raise TunecastError(f"{spec.dataset.path} is not a folder of images", field="dataset.path",
-                                hint="give the folder that holds the images and their captions")
-        files = image_files(folder)
-        if not files:
-            raise TunecastError(f"{spec.dataset.path} holds no image ({', '.join(IMAGE_SUFFIXES)})",
-                                field="dataset.path", hint=SIZE_HINT)
+        files = [item.image for item in list_image_folder(spec.dataset.path)]
         return ImageWorkload(len(files), spec.diffusion.repeats, epochs, spec.max_steps,
-                             sum(path.stat().st_size for path in files), str(folder))
+                             sum(path.stat().st_size for path in files), str(Path(spec.dataset.path)))
     if spec.diffusion.images is not None:
         return ImageWorkload(spec.diffusion.images, spec.diffusion.repeats, epochs, spec.max_steps, 0, "declared")
     if spec.max_steps is not None:

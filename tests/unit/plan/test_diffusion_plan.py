@@ -3,8 +3,10 @@ GPU, images per second from the traced step's work, and the whole run priced per
 
 from __future__ import annotations
 
+import json
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,15 +22,29 @@ pytest.importorskip("diffusers")
 from tests.unit.estimate.test_diffusion import tiny_pipeline
 
 
-def test_the_images_are_counted_in_their_folder_or_declared_and_repeated_each_epoch(tmp_path: Path) -> None:
+def test_the_images_are_those_the_run_reads_or_declared_and_repeated_each_epoch(tmp_path: Path) -> None:
+    """A folder counts the images the trainer reads (data/images.py): with captions beside them, the top level only;
+    with a metadata.jsonl, the images it names, sub-folders included."""
     folder = tmp_path / "images"
     (folder / "sub").mkdir(parents=True)
     for name in ("a.png", "b.JPG", "sub/c.webp"):
         (folder / name).write_bytes(b"\0" * 10)
         (folder / name).with_suffix(".txt").write_text("a caption")
-    counted = image_workload(RunSpec.model_validate({"model": "m", "dataset": {"path": str(folder)}, "epochs": 2,
-                                                     "diffusion": {"repeats": 5}}))
-    assert (counted.images, counted.dataset_bytes, counted.steps(4)) == (3, 30, 2 * 4)  # ⌈15 / 4⌉ × 2
+
+    def workload(path: Path) -> Any:
+        return image_workload(RunSpec.model_validate({"model": "m", "dataset": {"path": str(path)}, "epochs": 2,
+                                                      "diffusion": {"repeats": 5}}))
+
+    counted = workload(folder)
+    assert (counted.images, counted.dataset_bytes, counted.steps(4)) == (2, 20, 3 * 2)  # ⌈10 / 4⌉ × 2
+    (folder / "metadata.jsonl").write_text("".join(json.dumps({"file_name": name, "text": "a caption"}) + "\n"
+                                                   for name in ("a.png", "b.JPG", "sub/c.webp")))
+    assert workload(folder).images == 3
+    (folder / "metadata.jsonl").unlink()
+    (folder / "b.txt").unlink()
+    with pytest.raises(TunecastError, match="no caption") as error:  # as the run would refuse it
+        workload(folder)
+    assert error.value.field == "dataset.path"
     declared = image_workload(RunSpec.model_validate({"model": "m", "diffusion": {"images": 100}}))
     assert (declared.images, declared.steps(8)) == (100, 13 * RunSpec.model_fields["epochs"].default)
     with pytest.raises(TunecastError, match="no images") as error:
