@@ -274,3 +274,25 @@ def test_micro_batch_auto_takes_the_largest_that_fits_the_device(server: ForkSer
     start = next(json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
                  if '"event": "start"' in line)
     assert (start["micro_batch"], start["grad_accum"]) == (4, 1)
+
+
+def test_repeats_make_each_epoch_see_every_image_that_many_times_as_the_plan_counts(server: ForkServer,
+                                                                                    tmp_path: Path) -> None:
+    """`diffusion.repeats: 3` with one epoch: the run trains ⌈images × 3 / 4⌉ steps, the steps `tunecast plan` counts
+    for the same config, and every image is trained three times."""
+    from tunecast.config.spec import RunSpec
+    from tunecast.plan.diffusion import image_workload
+
+    config = tiny_diffusion_run(tmp_path, max_steps=None, epochs=1, diffusion={"resolution": 32, "repeats": 3},
+                                checkpoint={"every_steps": 100, "keep": 1})
+    code = server.run(["train", str(config)], tmp_path / "log.txt")
+    text = (tmp_path / "log.txt").read_text()
+    assert code == 0, text[-3000:]
+    images = len([path for path in IMAGES.iterdir() if path.suffix == ".png"])
+    planned = image_workload(RunSpec.model_validate({"model": "m", "dataset": {"path": str(IMAGES)}, "epochs": 1,
+                                                     "diffusion": {"repeats": 3}})).steps(4)
+    events = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    steps = [e for e in events if e["kind"] == "train"]
+    assert len(steps) == planned == -(-images * 3 // 4)
+    assert sum(e["images"] for e in steps) == images * 3
+    assert f"{images} images with captions × 3 repeats" in " ".join(text.split())

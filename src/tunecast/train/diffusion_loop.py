@@ -180,7 +180,9 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     spec = spec.with_changes({"micro_batch": micro_batch, "grad_accum": grad_accum, "global_batch": None,
                               "grad_checkpointing": choice.grad_checkpointing})
     shape = diffusion_shape(spec, pipeline)
-    length = run_length(spec, len(images), micro_batch * grad_accum, epochs_set=loaded.spec.fixed("epochs"))
+    # an epoch sees each image `diffusion.repeats` times (kohya's folder repeats), as the plan counts it
+    length = run_length(spec, len(images) * spec.diffusion.repeats, micro_batch * grad_accum,
+                        epochs_set=loaded.spec.fixed("epochs"))
     if found is not None:
         check_schedule(found, length.schedule_steps)
     settings = diffusion_settings(spec)
@@ -225,7 +227,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
                             f"{pipeline.objective} objective; cached: {', '.join(cached) or 'nothing'}")
     reporter.event("start", "batch shape: " + "; ".join(choice.reasons))
     reporter.event("start", f"model: {origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
-    reporter.event("start", f"data: {len(images)} images with captions; {length.steps} steps "
+    repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
+    reporter.event("start", f"data: {len(images)} images with captions{repeats}; {length.steps} steps "
                             f"({length.per_epoch} per epoch)")
     reporter.event("start", f"checkpoints {policy.describe()}, keep {spec.checkpoint.keep}; price {price_note}")
     metrics.write({"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
@@ -285,8 +288,10 @@ def train(session: DiffusionSession) -> Outcome:
             session.flag.check()
 
             # 2. this step's images, from the data position; its generator
-            order = orders.setdefault(progress.epoch, epoch_order(len(session.data.images), spec.seed, progress.epoch))
-            chosen = order[progress.offset:progress.offset + per_step]
+            images = len(session.data.images)
+            order = orders.setdefault(progress.epoch, epoch_order(images * spec.diffusion.repeats, spec.seed,
+                                                                  progress.epoch))
+            chosen = [unit % images for unit in order[progress.offset:progress.offset + per_step]]
             micro = [chosen[at:at + session.micro_batch] for at in range(0, len(chosen), session.micro_batch)]
             generator = step_generator(spec.seed, progress.step)
             started = time.monotonic()
@@ -310,7 +315,7 @@ def train(session: DiffusionSession) -> Outcome:
                 orders.pop(progress.epoch - 1, None)
             session.rng_at_boundary = capture_rng()
             session.trained_images += len(chosen)
-            log_step(session, {"epoch": progress.epoch + progress.offset / len(session.data.images), "loss": loss,
+            log_step(session, {"epoch": progress.epoch + progress.offset / len(order), "loss": loss,
                                "learning_rate": lr, "grad_norm": grad_norm, "images": len(chosen),
                                "images_per_second": len(chosen) / seconds if seconds else 0.0},
                      seconds=seconds, optimizer_seconds=ended - passes_done)
