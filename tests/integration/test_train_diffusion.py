@@ -296,3 +296,25 @@ def test_repeats_make_each_epoch_see_every_image_that_many_times_as_the_plan_cou
     assert len(steps) == planned == -(-images * 3 // 4)
     assert sum(e["images"] for e in steps) == images * 3
     assert f"{images} images with captions × 3 repeats" in " ".join(text.split())
+
+
+def test_dry_run_says_the_batch_shape_and_steps_without_writing(server: ForkServer, tmp_path: Path) -> None:
+    """`train --dry-run` of a pipeline: the batch shape the run would take on this device, its images, repeats and
+    steps as the run counts them, and nothing written; a folder of images without captions refused as the run does."""
+    config = tiny_diffusion_run(tmp_path, max_steps=None, epochs=2, diffusion={"resolution": 32, "repeats": 3})
+    code = server.run(["train", "--dry-run", "--json", str(config)], tmp_path / "log.txt")
+    text = (tmp_path / "log.txt").read_text()
+    assert code == 0, text[-3000:]
+    result = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    images = len([path for path in IMAGES.iterdir() if path.suffix == ".png"])
+    assert (result["micro_batch"], result["grad_accum"], result["examples"], result["sequences"]) == \
+        (2, 2, images, images * 3)
+    assert result["steps"] == 2 * -(-images * 3 // 4) and result["resume_step"] is None
+    assert not (tmp_path / "out").exists()
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(next(IMAGES.glob("*.png")), bare / "one.png")
+    config = tiny_diffusion_run(tmp_path, "bare.yaml", dataset={"path": str(bare)})
+    code = server.run(["train", "--dry-run", str(config)], tmp_path / "bare.txt")
+    text = (tmp_path / "bare.txt").read_text()
+    assert code == 2 and "no caption" in text and "Traceback" not in text

@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 
 from tunecast.cli.app import state
-from tunecast.cli.config_cmds import load_from_cli, load_run_from_cli, print_imported
+from tunecast.cli.config_cmds import load_run_from_cli, print_imported
 from tunecast.cli.render import err, estimate_line, out, print_json, print_problems
 from tunecast.cli.spec_flags import SpecArgs, SpecCommand, spec_command
 from tunecast.errors import Problem
@@ -361,12 +361,14 @@ def _run_and_say(ctx: typer.Context, loaded: LoadedSpec | LoadedPipeline, fresh:
 
 def _dry_run(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, json_output: bool,
              no_memory_check: bool) -> int:
-    from tunecast.config.load import imported_part
-    from tunecast.train.dryrun import dry_run
+    from tunecast.config.load import LoadedPipeline, imported_part
+    from tunecast.train.dryrun import diffusion_dry_run, dry_run
 
-    loaded = load_from_cli(ctx, config, spec_args)
+    loaded = load_run_from_cli(ctx, config, spec_args)
     with listening(estimate_line):
-        result = dry_run(loaded, state(ctx).catalog(), check_memory=not no_memory_check)
+        result = diffusion_dry_run(loaded, state(ctx).catalog(), check_memory=not no_memory_check) \
+            if isinstance(loaded, LoadedPipeline) else dry_run(loaded, state(ctx).catalog(),
+                                                               check_memory=not no_memory_check)
     if json_output:
         print_json({**result.as_dict(), **imported_part(loaded)})
         return 0
@@ -379,6 +381,8 @@ def _dry_run(ctx: typer.Context, config: Path | None, spec_args: SpecArgs, json_
     if result.steps is not None:
         epoch = f" ({result.steps_per_epoch} per epoch)" if result.steps_per_epoch else ""
         data = f"{result.examples:,} examples, {result.sequences:,} sequences; " if result.examples is not None else ""
+        if isinstance(loaded, LoadedPipeline):  # the source says the images, their captions and repeats
+            data = ""
         out.print(f"  data: {data}{result.steps:,} optimizer steps{epoch} — {escape(result.data_source)}")
     else:
         out.print(f"  data: {escape(result.data_source)}")

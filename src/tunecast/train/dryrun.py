@@ -8,6 +8,10 @@ taking the run's lock or writing anything.
 3. The steps: from the dataset file read with the run's tokenizer (as training reads it), else from the declared
    `dataset.examples`; none when neither is there.
 4. The output: whether a checkpoint there would be resumed (the newest one that verifies).
+
+A diffusion pipeline's run (`diffusion_dry_run`) is decided the same way: its checks before anything loads
+(train/preflight.py: the images and captions read and each image opened), the batch shape `choose_diffusion_batch`
+picks on the device, and the steps of its images × `diffusion.repeats` × epochs, as the run counts them.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecast.catalog.store import Catalog
-from tunecast.config.load import LoadedSpec
+from tunecast.config.load import LoadedPipeline, LoadedSpec
 from tunecast.train.batching import BatchChoice, Device, choose_batch
 
 
@@ -45,7 +49,7 @@ class DryRun:
                 "resume_step": self.resume_step}
 
 
-def planned_device(loaded: LoadedSpec, catalog: Catalog) -> Device:
+def planned_device(loaded: LoadedSpec | LoadedPipeline, catalog: Catalog) -> Device:
     """The GPU the config names (its usable memory), else the device of this machine."""
     if loaded.gpu is not None:
         return Device("cuda", loaded.gpu.slug, loaded.gpu.usable_memory_gib, loaded.gpu)
@@ -55,7 +59,6 @@ def planned_device(loaded: LoadedSpec, catalog: Catalog) -> Device:
 
 
 def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
-    from tunecast.storage.store import CheckpointStore, Storage
     from tunecast.train.host_memory import can_keep_freed_memory, cpu_loading_gib
     from tunecast.train.run import output_url, run_length
 
@@ -90,9 +93,36 @@ def dry_run(loaded: LoadedSpec, catalog: Catalog, *, check_memory: bool = True) 
     elif spec.max_steps is not None:
         steps = spec.max_steps
     output = output_url(spec)
+    return DryRun(spec.runner, device.name, choice, examples, sequences, steps, per_epoch, source, output,
+                  _resume_step(output))
+
+
+def _resume_step(output: str) -> int | None:
+    """The step of the newest checkpoint at `output` that verifies, which a run there would resume from."""
+    from tunecast.storage.store import CheckpointStore, Storage
+
     storage = Storage(output)
-    resume = None
-    if storage.exists():
-        found, _ = CheckpointStore(storage).newest_valid(keep=False)
-        resume = found.step if found is not None else None
-    return DryRun(spec.runner, device.name, choice, examples, sequences, steps, per_epoch, source, output, resume)
+    if not storage.exists():
+        return None
+    found, _ = CheckpointStore(storage).newest_valid(keep=False)
+    return found.step if found is not None else None
+
+
+def diffusion_dry_run(loaded: LoadedPipeline, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
+    """`dry_run` of a diffusion pipeline's run: `examples` its images, `sequences` the images an epoch sees (times
+    `diffusion.repeats`)."""
+    from tunecast.train.batching import choose_diffusion_batch
+    from tunecast.train.preflight import check_pipeline_run
+    from tunecast.train.run import output_url, run_length
+
+    spec = loaded.spec
+    images = check_pipeline_run(spec, loaded.pipeline)
+    device = planned_device(loaded, catalog)
+    choice = choose_diffusion_batch(spec, loaded.pipeline, device, catalog, check_memory=check_memory)
+    seen = len(images) * spec.diffusion.repeats
+    length = run_length(spec, seen, choice.micro_batch * choice.grad_accum, epochs_set=spec.fixed("epochs"))
+    repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
+    source = f"{spec.dataset.path}: {len(images)} images with captions{repeats}"
+    output = output_url(spec)
+    return DryRun(spec.runner, device.name, choice, len(images), seen, length.steps, length.per_epoch, source, output,
+                  _resume_step(output))
