@@ -318,3 +318,50 @@ def test_dry_run_says_the_batch_shape_and_steps_without_writing(server: ForkServ
     code = server.run(["train", "--dry-run", str(config)], tmp_path / "bare.txt")
     text = (tmp_path / "bare.txt").read_text()
     assert code == 2 and "no caption" in text and "Traceback" not in text
+
+
+def _bucketed_images(folder: Path) -> Path:
+    """Three shapes of image, two of each, with captions: wide (96×32), tall (32×96) and square (48×48)."""
+    from PIL import Image
+
+    folder.mkdir()
+    for index, (size, colour) in enumerate([((96, 32), "red"), ((32, 96), "blue"), ((48, 48), "green")] * 2):
+        Image.new("RGB", size, colour).save(folder / f"{index}.png")
+        (folder / f"{index}.txt").write_text(f"a {colour} shape")
+    return folder
+
+
+def test_aspect_buckets_train_each_shape_at_its_own_bucket_and_resume_bit_exact(server: ForkServer,
+                                                                               tmp_path: Path) -> None:
+    """`diffusion.buckets`: wide, tall and square images each trained at their own bucket (a micro-batch holds one
+    bucket's images), the steps those micro-batches make, as the dry run counts them; killed after a checkpoint and
+    run again, the same LoRA bytes and losses as a run left alone."""
+    images = _bucketed_images(tmp_path / "images")
+
+    def config(name: str) -> Path:
+        # 3 images a micro-batch: 12 units an epoch make 4 without buckets, 6 in three buckets of 4 (3 + 1 each)
+        return tiny_diffusion_run(tmp_path / name, max_steps=None, epochs=2, micro_batch=3, grad_accum=1,
+                                  dataset={"path": str(images)}, diffusion={"resolution": 32, "repeats": 2,
+                                                                           "buckets": True})
+
+    for name in ("left-alone", "killed"):
+        (tmp_path / name).mkdir()
+    code = server.run(["train", "--dry-run", "--json", str(config("left-alone"))], tmp_path / "dry.txt")
+    dry = (tmp_path / "dry.txt").read_text()
+    assert code == 0 and json.loads(dry[dry.index("{"):dry.rindex("}") + 1])["steps"] == 2 * 6, dry[-3000:]
+    code = server.run(["train", str(config("left-alone"))], tmp_path / "alone.txt")
+    text = " ".join((tmp_path / "alone.txt").read_text().split())
+    assert code == 0, text[-3000:]
+    assert "6 images with captions × 2 repeats in 3 aspect buckets; 12 steps (6 per epoch)" in text
+    alone = tmp_path / "left-alone" / "out"
+    assert len(train_losses(alone)) == 12
+
+    killed = tmp_path / "killed" / "out"
+    code, _ = server.signal_when(["train", str(config("killed"))], tmp_path / "log.txt", trained(killed, 5),
+                                 signal_number=signal.SIGKILL)
+    assert code == -signal.SIGKILL, (tmp_path / "log.txt").read_text()[-3000:]
+    code = server.run(["train", str(config("killed"))], tmp_path / "log2.txt")
+    assert code == 0, (tmp_path / "log2.txt").read_text()[-3000:]
+    assert "resumed from checkpoint" in " ".join((tmp_path / "log2.txt").read_text().split())
+    assert lora_bytes(killed) == lora_bytes(alone)
+    assert train_losses(killed) == train_losses(alone)

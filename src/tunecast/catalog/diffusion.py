@@ -71,6 +71,15 @@ class Pipeline:
         """Pixels per latent along each side: 2 to the number of the VAE's downsampling blocks less one."""
         return int(2 ** (len(self.configs["vae"].get("block_out_channels", [0] * 4)) - 1))
 
+    @property
+    def grid(self) -> int:
+        """The pixels a training side must be a multiple of: the VAE's downsampling times the denoiser's (a UNet's
+        halving between blocks; a transformer's patches, and FLUX's packing of 2 × 2 latents)."""
+        config = self.configs[self.denoiser]
+        if self.denoiser == "unet":
+            return int(self.vae_scale * 2 ** (len(config.get("block_out_channels", [0])) - 1))
+        return int(self.vae_scale * int(config.get("patch_size") or 1) * (2 if self.family == "flux" else 1))
+
 
 def is_pipeline(model: str) -> bool:
     """Whether `model` names a bundled pipeline or a local folder that holds a `model_index.json`."""

@@ -395,6 +395,12 @@ class DiffusionSpec(_Section):
     """How many times each image is seen per epoch (kohya's folder repeats: 10 images × 20 repeats is an epoch of
     200). Default 1."""
 
+    buckets: bool = False
+    """Aspect-ratio buckets (kohya's `enable_bucket`): each image trained at the bucket nearest its aspect ratio, of
+    at most the resolution's pixels (sides on a 64 px grid, half to twice the resolution's side), a micro-batch
+    holding one bucket's images; the resolution's own shape sets the peak. Default false: every image scaled and
+    cropped to the resolution around its centre, as diffusers' examples."""
+
     vae_fp32: bool | None = None
     """The frozen VAE kept in fp32 whatever the weight dtype (kohya's `no_half_vae`). Default: as diffusers' example
     for the model does (fp32 for SDXL and SD3, "to avoid NaN losses"; the weight dtype otherwise)."""

@@ -15,6 +15,7 @@ metadata line that is not JSON or lacks a field) is an error naming the file and
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,88 @@ def size_conditioning(image: Path, width: int, height: int) -> tuple[int, int, i
         source = opened.size
     _, left, top = _cover(source, width, height)
     return source[1], source[0], top, left, height, width
+
+
+# Aspect-ratio buckets (`diffusion.buckets`): the sides a bucket may have are multiples of a step, from half the
+# resolution's side to twice it, as kohya's make_bucket_resolutions steps them: 64 px (its default bucket_reso_steps),
+# which keeps every side on the estimate's grid (estimate/diffusion_fit.py) and divides by every catalog denoiser's
+# downsampling; smaller only for a resolution too small for it (the denoiser's own grid: train/diffusion_loop.py).
+BUCKET_STEP = 64
+
+
+def aspect_buckets(width: int, height: int, step: int = BUCKET_STEP) -> list[tuple[int, int]]:
+    """The buckets of a run at width × height: for each width w on the step's grid, the tallest height on it with
+    w × h at most the resolution's area; and the same turned. Every bucket holds no more pixels than the resolution,
+    so the resolution's own shape (among them where its sides are on the grid) sets the step's peak."""
+    area = width * height
+    side = math.isqrt(area)
+    low = max(step, side // 2 // step * step)
+    high = max(low, 2 * side // step * step)
+    found: set[tuple[int, int]] = set()
+    for w in range(low, high + 1, step):
+        h = min(high, area // w // step * step)
+        if h >= low:
+            found.update({(w, h), (h, w)})
+    if width % step == 0 and height % step == 0:
+        found.add((width, height))
+    return sorted(found)
+
+
+def bucket_step(grid: int, width: int, height: int) -> int:
+    """The step of a run's aspect buckets: BUCKET_STEP (kohya's 64 px), or the denoiser's own `grid`
+    (catalog/diffusion.Pipeline.grid) where the resolution is too small for four such steps a side (the tiny test
+    pipelines) or the grid does not divide it."""
+    if min(width, height) >= 4 * BUCKET_STEP and BUCKET_STEP % grid == 0:
+        return BUCKET_STEP
+    return grid
+
+
+def image_size(image: Path) -> tuple[int, int]:
+    """(width, height) of an image, from its header."""
+    from PIL import Image
+
+    with Image.open(image) as opened:
+        return opened.size
+
+
+def nearest_bucket(size: tuple[int, int], buckets: list[tuple[int, int]]) -> tuple[int, int]:
+    """The bucket whose aspect ratio is nearest the image's (on a log scale, so that 2:1 and 1:2 are as far from
+    1:1); of those as near, the largest."""
+    ratio = math.log(size[0] / size[1])
+    return min(buckets, key=lambda bucket: (round(abs(math.log(bucket[0] / bucket[1]) - ratio), 9),
+                                           -bucket[0] * bucket[1]))
+
+
+def training_sizes(images: list[Path], width: int, height: int, buckets: int | None) -> list[tuple[int, int]]:
+    """Each image's training (width, height): with `buckets` (their step, in pixels), its bucket's; else the run's
+    resolution."""
+    if not buckets:
+        return [(width, height)] * len(images)
+    choices = aspect_buckets(width, height, buckets)
+    return [nearest_bucket(image_size(image), choices) for image in images]
+
+
+def epoch_micro_batches(order: list[int], groups: list[tuple[int, int]], micro_batch: int) -> list[list[int]]:
+    """An epoch's micro-batches: `order` (the epoch's units, each an index into `groups`, shuffled) taken in turn,
+    each unit joining the open micro-batch of its group (its training size), a micro-batch closed when full or when
+    the epoch ends. One group gives `order` cut into micro-batches. The micro-batches are in the order they were
+    opened; the same order and groups give the same micro-batches."""
+    opened: dict[tuple[int, int], list[int]] = {}
+    batches: list[list[int]] = []
+    for unit in order:
+        group = groups[unit]
+        if group not in opened:
+            opened[group] = []
+            batches.append(opened[group])
+        opened[group].append(unit)
+        if len(opened[group]) == micro_batch:
+            del opened[group]
+    return batches
+
+
+def micro_batches_per_epoch(sizes: list[tuple[int, int]], repeats: int, micro_batch: int) -> int:
+    """How many micro-batches an epoch has (epoch_micro_batches): each training size's images × repeats, in
+    micro-batches of `micro_batch`, the last of each size partial."""
+    from collections import Counter
+
+    return sum(math.ceil(count * repeats / micro_batch) for count in Counter(sizes).values())

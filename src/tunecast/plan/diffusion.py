@@ -37,7 +37,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.spec import RunSpec
-from tunecast.data.images import list_image_folder
+from tunecast.data.images import bucket_step, list_image_folder, micro_batches_per_epoch, training_sizes
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import (
     DiffusionShape,
@@ -45,10 +45,11 @@ from tunecast.estimate.diffusion import (
     diffusion_settings,
     diffusion_shape,
     estimate_diffusion_memory,
+    grid_profile,
     largest_fitting,
+    step_work,
     traced_step,
 )
-from tunecast.estimate.diffusion_fit import cached_profile
 from tunecast.estimate.memory import MemoryEstimate
 from tunecast.plan.cost import OfferCost, RunShape, price_run
 from tunecast.plan.planner import MIB, divisors
@@ -68,25 +69,41 @@ class ImageWorkload:
     max_steps: int | None
     dataset_bytes: int
     source: str  # the folder counted, or "declared"
+    sizes: tuple[tuple[int, int], ...] = ()  # with aspect buckets, each image's (data/images.training_sizes)
 
-    def steps(self, global_batch: int) -> int:
+    def steps(self, global_batch: int, micro_batch: int | None = None) -> int:
+        """Optimizer steps of `global_batch` images, in micro-batches of `micro_batch` (default: one a step): with
+        aspect buckets a micro-batch holds one bucket's images, so each bucket's last one may be partial (as the run
+        makes them: data/images.epoch_micro_batches)."""
         if self.max_steps is not None:
             return self.max_steps
-        return math.ceil(math.ceil(self.images * self.repeats / global_batch) * self.epochs)
+        micro = micro_batch or global_batch
+        if self.sizes:
+            batches = micro_batches_per_epoch(list(self.sizes), self.repeats, micro)
+            per_epoch = math.ceil(batches / (global_batch // micro))
+        else:
+            per_epoch = math.ceil(self.images * self.repeats / global_batch)
+        return math.ceil(per_epoch * self.epochs)
 
     def as_dict(self) -> dict[str, Any]:
         return {"images": self.images, "repeats": self.repeats, "epochs": self.epochs, "max_steps": self.max_steps,
                 "dataset_bytes": self.dataset_bytes, "source": self.source}
 
 
-def image_workload(spec: RunSpec) -> ImageWorkload:
+def image_workload(spec: RunSpec, pipeline: Pipeline | None = None) -> ImageWorkload:
     """The run's images: those of the folder `dataset.path` that the run trains on (data/images.py: the top level's
-    captioned images, or those metadata.jsonl names), or `diffusion.images` as declared."""
+    captioned images, or those metadata.jsonl names), with their aspect buckets where the run has them (and
+    `pipeline` is given), or `diffusion.images` as declared."""
     epochs = spec.epochs if spec.epochs is not None else 1
     if spec.dataset.path is not None:
         files = [item.image for item in list_image_folder(spec.dataset.path)]
+        sizes: tuple[tuple[int, int], ...] = ()
+        if spec.diffusion.buckets and pipeline is not None:
+            shape = diffusion_shape(spec.with_changes({"micro_batch": 1}), pipeline)
+            sizes = tuple(training_sizes(files, shape.width, shape.height,
+                                         bucket_step(pipeline.grid, shape.width, shape.height)))
         return ImageWorkload(len(files), spec.diffusion.repeats, epochs, spec.max_steps,
-                             sum(path.stat().st_size for path in files), str(Path(spec.dataset.path)))
+                             sum(path.stat().st_size for path in files), str(Path(spec.dataset.path)), sizes)
     if spec.diffusion.images is not None:
         return ImageWorkload(spec.diffusion.images, spec.diffusion.repeats, epochs, spec.max_steps, 0, "declared")
     if spec.max_steps is not None:
@@ -177,11 +194,12 @@ class DiffusionPlanner:
         return self.spec.sequences_per_step  # images here: a pipeline trains on one GPU (config/load.py)
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
-        """The step's memory on `gpu`: a replay where the step's profiles are cached (estimate/diffusion_fit.py), else
-        a trace that counts the step's work too (a pass more, cheaper than a trace again for the shape chosen)."""
+        """The step's memory on `gpu`: a replay where the step's profiles are shipped or cached
+        (estimate/diffusion_fit.py), else a trace that counts the step's work too (a pass more, cheaper than a trace
+        again for the shape chosen)."""
         spec = self.spec.with_changes({"grad_checkpointing": checkpointing, "micro_batch": batch})
         shape = diffusion_shape(spec, self.pipeline)
-        if cached_profile(self.pipeline, diffusion_settings(spec), batch, shape.frames, shape.cache_latents) is None:
+        if grid_profile(self.pipeline, diffusion_settings(spec), shape) is None:
             traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
         return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
                                          overheads=self.catalog.overheads)
@@ -207,9 +225,9 @@ class DiffusionPlanner:
             memory = self._estimate(gpu, micro, check)
             chosen = spec.with_changes({"grad_checkpointing": check, "micro_batch": micro})
             settings, shape = diffusion_settings(chosen), diffusion_shape(chosen, self.pipeline)
-            flops = traced_step(self.pipeline, settings, shape, count_flops=True).flops
+            flops = step_work(self.pipeline, settings, shape)
             step = step_time(flops, spec, gpu, self.catalog, batch // micro)
-            hours = self.workload.steps(batch) * step.total_s / SECONDS_PER_HOUR
+            hours = self.workload.steps(batch, micro) * step.total_s / SECONDS_PER_HOUR
             return DiffusionConfiguration(gpu, micro, batch // micro, check, memory, step, hours)
         return f"does not fit in {capacity:.1f} GiB: {least:.1f} GiB at least"
 
@@ -237,7 +255,7 @@ def plan_diffusion(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, catalog: 
     """The plan document of a diffusion run (`tunecast plan --json` of a pipeline): every GPU's option per offer,
     ranked by the whole run's cost (or its hours with `optimize` "time"), those over the budget or the deadline left
     out and counted."""
-    workload = image_workload(spec)
+    workload = image_workload(spec, pipeline)
     planner = DiffusionPlanner(spec, pipeline, catalog, workload)
     gpus = [gpu] if gpu is not None else sorted((g for g in catalog.gpus if not from_probe(g) and not is_cpu(g)),
                                                 key=lambda g: g.slug)

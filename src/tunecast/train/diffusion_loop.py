@@ -30,7 +30,15 @@ import torch
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedPipeline
-from tunecast.data.images import Captioned, load_pixels, size_conditioning
+from tunecast.data.images import (
+    Captioned,
+    bucket_step,
+    epoch_micro_batches,
+    load_pixels,
+    micro_batches_per_epoch,
+    size_conditioning,
+    training_sizes,
+)
 from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape
 from tunecast.step.diffusion import (
     Conditioning,
@@ -87,9 +95,9 @@ class Latents:
     (`diffusion.cache_latents`), or the VAE encoding the batch's images at every step; sampled from the step's
     generator either way (diffusers' DiagonalGaussianDistribution.sample)."""
 
-    def __init__(self, vae: Any, images: list[Captioned], width: int, height: int, dtype: torch.dtype,
+    def __init__(self, vae: Any, images: list[Captioned], sizes: list[tuple[int, int]], dtype: torch.dtype,
                  *, cache: bool, check: Any) -> None:
-        self.images, self.width, self.height, self.dtype = images, width, height, dtype
+        self.images, self.sizes, self.dtype = images, sizes, dtype  # sizes: each image's training (width, height)
         self.scaling = float(vae.config.scaling_factor)
         self.shift = float(vae.config.get("shift_factor") or 0.0)  # SD3's and FLUX's VAEs shift, SD's do not
         self.vae: Any = vae
@@ -103,8 +111,8 @@ class Latents:
             self.vae = None  # unloaded: nothing encodes while training
 
     def _distribution(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        pixels = torch.stack([torch.from_numpy(load_pixels(self.images[i].image, self.width, self.height))
-                              for i in indices])  # (batch, 3, height, width) in [-1, 1]
+        pixels = torch.stack([torch.from_numpy(load_pixels(self.images[i].image, *self.sizes[i]))
+                              for i in indices])  # (batch, 3, height, width) in [-1, 1]: a micro-batch has one size
         with torch.no_grad():
             encoded = self.vae.encode(pixels.to(self.vae.device, self.vae.dtype)).latent_dist
         return encoded.mean, encoded.std
@@ -157,6 +165,7 @@ class DiffusionData:
 
     pipeline: Pipeline
     images: list[Captioned]
+    sizes: list[tuple[int, int]]  # each image's training (width, height): the resolution, or its aspect bucket
     latents: Latents
     captions: Captions
     noise_scheduler: Any  # the UNet models' DDPMScheduler, SD3's and FLUX's FlowMatchEulerDiscreteScheduler
@@ -180,9 +189,12 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     spec = spec.with_changes({"micro_batch": micro_batch, "grad_accum": grad_accum, "global_batch": None,
                               "grad_checkpointing": choice.grad_checkpointing})
     shape = diffusion_shape(spec, pipeline)
-    # an epoch sees each image `diffusion.repeats` times (kohya's folder repeats), as the plan counts it
-    length = run_length(spec, len(images) * spec.diffusion.repeats, micro_batch * grad_accum,
-                        epochs_set=loaded.spec.fixed("epochs"))
+    sizes = training_sizes([one.image for one in images], shape.width, shape.height,
+                           bucket_step(pipeline.grid, shape.width, shape.height) if spec.diffusion.buckets else None)
+    # an epoch sees each image `diffusion.repeats` times (kohya's folder repeats), in micro-batches of one training
+    # size each (one size without buckets), as the plan counts them
+    per_epoch = micro_batches_per_epoch(sizes, spec.diffusion.repeats, micro_batch)
+    length = run_length(spec, per_epoch * micro_batch, micro_batch * grad_accum, epochs_set=loaded.spec.fixed("epochs"))
     if found is not None:
         check_schedule(found, length.schedule_steps)
     settings = diffusion_settings(spec)
@@ -195,12 +207,12 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
         save_base(parts, pipeline, folder, storage)
     flag.check()
     model = adapt_denoiser(parts.denoiser, pipeline, settings).to(engine.device)
-    latents = Latents(parts.vae.to(engine.device), images, shape.width, shape.height, weight_dtype(settings),
-                      cache=shape.cache_latents, check=flag.check)
-    sizes: list[tuple[int, ...]] | None = [size_conditioning(one.image, shape.width, shape.height)
-                                           for one in images] if is_sdxl(pipeline) else None
+    latents = Latents(parts.vae.to(engine.device), images, sizes, weight_dtype(settings), cache=shape.cache_latents,
+                      check=flag.check)
+    conditioning: list[tuple[int, ...]] | None = [size_conditioning(one.image, *size) for one, size in
+                                                  zip(images, sizes, strict=True)] if is_sdxl(pipeline) else None
     captions = Captions(pipeline, parts.tokenizers, [encoder.to(engine.device) for encoder in parts.text_encoders],
-                        [one.caption for one in images], sizes, cache=shape.cache_text, check=flag.check)
+                        [one.caption for one in images], conditioning, cache=shape.cache_text, check=flag.check)
     noise_scheduler, origin = parts.scheduler, parts.origin
     del parts  # the VAE and text encoders stay only where they are used (not when cached)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -228,7 +240,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     reporter.event("start", "batch shape: " + "; ".join(choice.reasons))
     reporter.event("start", f"model: {origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
     repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
-    reporter.event("start", f"data: {len(images)} images with captions{repeats}; {length.steps} steps "
+    buckets = f" in {len(set(sizes))} aspect buckets" if spec.diffusion.buckets else ""
+    reporter.event("start", f"data: {len(images)} images with captions{repeats}{buckets}; {length.steps} steps "
                             f"({length.per_epoch} per epoch)")
     reporter.event("start", f"checkpoints {policy.describe()}, keep {spec.checkpoint.keep}; price {price_note}")
     metrics.write({"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
@@ -240,7 +253,7 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
                    "width": shape.width, "height": shape.height, "images": len(images)})
     if found is not None:
         reporter.event("resume", f"resumed from checkpoint step {found.step} of {length.steps}")
-    data = DiffusionData(pipeline, images, latents, captions, noise_scheduler, base)
+    data = DiffusionData(pipeline, images, sizes, latents, captions, noise_scheduler, base)
     return Session(spec=spec, model=model, optimizer=optimizer, scaler=scaler, engine=engine, data=data,
                    micro_batch=micro_batch, grad_accum=grad_accum, total_steps=length.steps,
                    schedule_steps=length.schedule_steps, warmup_steps=warmup_steps(spec, length.schedule_steps),
@@ -273,11 +286,30 @@ def _optimizer_step(session: DiffusionSession, micro: list[list[int]], generator
     return total, grad_norm, passes_done
 
 
+def epoch_batches(session: DiffusionSession, epoch: int) -> list[list[int]]:
+    """Epoch `epoch`'s micro-batches of image indices: its order (each image `diffusion.repeats` times, shuffled from
+    (seed, epoch) only) in micro-batches of one training size (data/images.epoch_micro_batches)."""
+    images = len(session.data.images)
+    order = epoch_order(images * session.spec.diffusion.repeats, session.spec.seed, epoch)
+    groups = [session.data.sizes[unit % images] for unit in range(images * session.spec.diffusion.repeats)]
+    return [[unit % images for unit in batch]
+            for batch in epoch_micro_batches(order, groups, session.micro_batch)]
+
+
+def _batch_at(batches: list[list[int]], offset: int) -> int:
+    """The index of the micro-batch that starts after `offset` images of the epoch (a checkpoint's data position)."""
+    seen = 0
+    for index, batch in enumerate(batches):
+        if seen == offset:
+            return index
+        seen += len(batch)
+    raise RuntimeError(f"no micro-batch of the epoch starts after {offset} images (of {seen})")
+
+
 def train(session: DiffusionSession) -> Outcome:
     """Optimizer steps until `total_steps`, or until a preemption signal (loop.train's order of work)."""
     spec, progress = session.spec, session.progress
-    per_step = session.micro_batch * session.grad_accum
-    orders: dict[int, list[int]] = {}
+    orders: dict[int, list[list[int]]] = {}
     try:
         while True:
             # 1. what is due between steps
@@ -288,11 +320,12 @@ def train(session: DiffusionSession) -> Outcome:
             session.flag.check()
 
             # 2. this step's images, from the data position; its generator
-            images = len(session.data.images)
-            order = orders.setdefault(progress.epoch, epoch_order(images * spec.diffusion.repeats, spec.seed,
-                                                                  progress.epoch))
-            chosen = [unit % images for unit in order[progress.offset:progress.offset + per_step]]
-            micro = [chosen[at:at + session.micro_batch] for at in range(0, len(chosen), session.micro_batch)]
+            if progress.epoch not in orders:
+                orders[progress.epoch] = epoch_batches(session, progress.epoch)
+            order = orders[progress.epoch]
+            at = _batch_at(order, progress.offset)
+            micro = order[at:at + session.grad_accum]
+            chosen = [image for batch in micro for image in batch]
             generator = step_generator(spec.seed, progress.step)
             started = time.monotonic()
 
@@ -309,13 +342,14 @@ def train(session: DiffusionSession) -> Outcome:
             # 4. the position moves on; metrics; generators captured for the next step
             progress.step += 1
             progress.offset += len(chosen)
-            if progress.offset >= len(order):
+            if at + len(micro) >= len(order):
                 progress.epoch += 1
                 progress.offset = 0
                 orders.pop(progress.epoch - 1, None)
             session.rng_at_boundary = capture_rng()
             session.trained_images += len(chosen)
-            log_step(session, {"epoch": progress.epoch + progress.offset / len(order), "loss": loss,
+            seen = len(session.data.images) * spec.diffusion.repeats
+            log_step(session, {"epoch": progress.epoch + progress.offset / seen, "loss": loss,
                                "learning_rate": lr, "grad_norm": grad_norm, "images": len(chosen),
                                "images_per_second": len(chosen) / seconds if seconds else 0.0},
                      seconds=seconds, optimizer_seconds=ended - passes_done)

@@ -80,3 +80,29 @@ def test_pixels_of_a_non_square_resolution(tmp_path: Path) -> None:
     pixels = load_pixels(tmp_path / "square.png", 8, 4)  # width 8, height 4
     assert pixels.shape == (3, 4, 8)
     assert np.allclose(pixels[2], 1.0) and np.allclose(pixels[0], -1.0)
+
+
+def test_aspect_buckets_hold_no_more_pixels_than_the_resolution_and_each_image_takes_the_nearest_ratio() -> None:
+    from tunecast.data.images import aspect_buckets, nearest_bucket
+
+    buckets = aspect_buckets(1024, 1024)
+    assert (1024, 1024) in buckets and all(w * h <= 1024 * 1024 for w, h in buckets)
+    assert all(w % 64 == 0 and h % 64 == 0 and 512 <= min(w, h) and max(w, h) <= 2048 for w, h in buckets)
+    assert all((h, w) in buckets for w, h in buckets)
+    assert nearest_bucket((1920, 1080), buckets) == (1344, 768)  # 16:9 → 1.75
+    assert nearest_bucket((1080, 1920), buckets) == (768, 1344)
+    assert nearest_bucket((500, 500), buckets) == (1024, 1024)  # upscaled to the square
+    assert (768, 512) in aspect_buckets(768, 512) and all(w * h <= 768 * 512 for w, h in aspect_buckets(768, 512))
+
+
+def test_an_epoch_s_micro_batches_hold_one_size_each_and_every_unit_once() -> None:
+    from tunecast.data.images import epoch_micro_batches, micro_batches_per_epoch
+
+    sizes = [(64, 32), (32, 64), (48, 48)] * 3 + [(48, 48)]
+    order = [7, 2, 9, 0, 5, 1, 3, 8, 6, 4]
+    batches = epoch_micro_batches(order, sizes, 3)
+    assert sorted(unit for batch in batches for unit in batch) == list(range(10))
+    assert all(len({sizes[unit] for unit in batch}) == 1 and len(batch) <= 3 for batch in batches)
+    assert len(batches) == micro_batches_per_epoch(sizes, 1, 3) == 1 + 1 + 2  # the square's 4 make 3 + 1
+    assert batches == epoch_micro_batches(order, sizes, 3)
+    assert epoch_micro_batches(order, [(8, 8)] * 10, 4) == [order[:4], order[4:8], order[8:]]

@@ -104,3 +104,25 @@ def test_plan_of_a_pipeline_on_the_command_line_ranks_offers_and_refuses_a_run_w
     assert shown.code == 0 and "img/s" in shown.stdout
     missing = cli("plan", "--model", folder, "--gpu", "rtx-4090")
     assert missing.code == 2 and "dataset.path" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_with_aspect_buckets_the_plan_counts_the_micro_batches_each_bucket_makes(tmp_path: Path) -> None:
+    """Wide, tall and square images, two of each, twice an epoch in micro-batches of 3: a micro-batch holds one
+    bucket's images, so each bucket's 4 make 2 (6 an epoch) where one size would make 4."""
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for index, size in enumerate([(96, 32), (32, 96), (48, 48)] * 2):
+        Image.new("RGB", size).save(folder / f"{index}.png")
+        (folder / f"{index}.txt").write_text("a shape")
+    pipeline = load_pipeline(str(tiny_pipeline(tmp_path)))
+
+    def spec(buckets: bool) -> RunSpec:
+        return RunSpec.model_validate({"model": "m", "dataset": {"path": str(folder)}, "epochs": 1,
+                                       "diffusion": {"resolution": 32, "repeats": 2, "buckets": buckets}})
+
+    bucketed, plain = image_workload(spec(True), pipeline), image_workload(spec(False), pipeline)
+    assert len(set(bucketed.sizes)) == 3 and plain.sizes == ()
+    assert (bucketed.steps(3, 3), plain.steps(3, 3)) == (6, 4)
+    assert (bucketed.steps(6, 3), bucketed.steps(6, 6)) == (3, 3)  # 6 micro-batches of 3, or 3 of one bucket's 4
