@@ -20,10 +20,12 @@ from tunecast.catalog.overheads import Overhead, overhead_bytes
 from tunecast.config.spec import RunSpec
 from tunecast.estimate.diffusion_fit import (
     FIT_SIDE_STEP,
+    DiffusionProfile,
     cached_profile,
     fits_grid,
     fitted_profile,
     latent_pixels,
+    latent_side,
 )
 from tunecast.estimate.fit import Suggestion, _largest_along, _solved
 from tunecast.estimate.memory import MemoryEstimate, optimizer_state_bytes
@@ -140,7 +142,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
                               trainable_tensors=len(params),
                               layer_numel=0, layer_bytes=0, param_dtype_bytes=element)
     sums = {name: float(getattr(recorder, name)) for name in tracer.SUMMED}
-    return tracer.Trace(events, facts, {**flops, **sums}, {}, 0)
+    return tracer.Trace(events, facts, {**flops, **sums}, {"trainable_numels": [p.numel() for p in params]}, 0)
 
 
 def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
@@ -154,17 +156,18 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
     architecture = gpu.architecture if gpu is not None else "hopper"
     workspace = overhead_bytes(overheads, "cublas_workspace", architecture) if cuda else 0
     fixed = (workspace,) if workspace else ()
-    profile = cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents) \
-        if fits_grid(shape.width, shape.height) else None
-    if profile is not None:  # fitted for any batch and resolution (diffusion_fit.py): a replay, no trace
-        result = replay(profile, shape.batch, latent_pixels(pipeline, shape.width, shape.height), cuda=cuda,
+    profile = grid_profile(pipeline, settings, shape)
+    if profile is not None:  # fitted for any batch, resolution and rank (diffusion_fit.py): a replay, no trace
+        step = profile.step(settings.lora_rank, latent_side(pipeline, shape.width, shape.height))
+        result = replay(step, shape.batch, latent_pixels(pipeline, shape.width, shape.height), cuda=cuda,
                         fixed_blocks=fixed)
-        facts = profile.facts
+        facts = step.facts
     else:
         trace = traced_step(pipeline, settings, shape, count_flops=False)
         result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda, fixed_blocks=fixed)
         facts = trace.facts
-    text = 0 if shape.cache_text else _text_encoder_bytes(pipeline, settings)
+    text = 0 if shape.cache_text else profile.text_bytes if profile is not None else \
+        _text_encoder_bytes(pipeline, settings)
     # bitsandbytes' optimizers are traced as torch's AdamW and their states modelled (memory.optimizer_state_bytes)
     traced_states = max(peak.breakdown["optimizer"] for peak in result.phases.values())
     states, managed = optimizer_state_bytes(settings.optimizer, facts.trainable_numel, facts.trainable_small_numel,
@@ -292,14 +295,35 @@ class DiffusionLimits:
                 "resolution_step": self.step}
 
 
+def grid_profile(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> DiffusionProfile | None:
+    """The profile that serves `shape` (shipped, cached or fitted in this process), if one does and the shape is on
+    its grid."""
+    if not fits_grid(shape.width, shape.height):
+        return None
+    return cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents)
+
+
+def step_work(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> dict[str, float]:
+    """One step's work (FLOPs, bytes moved, kernels: what plan/diffusion.step_time reads) at `shape`: from the
+    profile that serves it (fitted over the fit's and the check's shapes, diffusion_fit.py), else counted by a trace."""
+    profile = grid_profile(pipeline, settings, shape)
+    if profile is not None and "matmul" in profile.flops:
+        step = profile.step(settings.lora_rank, latent_side(pipeline, shape.width, shape.height))
+        return step.flops_at(shape.batch, latent_pixels(pipeline, shape.width, shape.height))
+    return dict(traced_step(pipeline, settings, shape, count_flops=True).flops)
+
+
 def fit_profiles(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> bool:
-    """Whether the step's profiles for a batch of one and of more (diffusion_fit.py) serve `shape`'s run: read from the
-    cache, or fitted now (eight traces at small sides); False off their grid or where a fit does not hold."""
-    def traced(batch: int, side: int) -> Any:
-        return traced_step(pipeline, settings, replace(shape, batch=batch, width=side, height=side), count_flops=False)
+    """Whether the step's profiles for a batch of one and of more (diffusion_fit.py) serve `shape`'s run: shipped,
+    read from the cache, or fitted now (eleven traces at 512-1024 px for LoRA, nine for full fine-tuning); False off
+    their grid or where a fit does not hold."""
+    def traced(batch: int, side: int, rank: int | None) -> Any:
+        ranked = settings if rank is None else replace(settings, lora_rank=rank, lora_alpha=rank)
+        return traced_step(pipeline, ranked, replace(shape, batch=batch, width=side, height=side), count_flops=True)
 
     return fits_grid(shape.width, shape.height) and all(
-        fitted_profile(pipeline, settings, batch, shape.frames, shape.cache_latents, traced) is not None
+        fitted_profile(pipeline, settings, batch, shape.frames, shape.cache_latents, traced,
+                       lambda: _text_encoder_bytes(pipeline, settings)) is not None
         for batch in (1, 2))
 
 
@@ -446,12 +470,13 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                             "--gpu, max_micro_batch says the largest that fits")
     shape = diffusion_shape(spec, pipeline)
     settings = diffusion_settings(spec)
-    if cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents) is None \
-            or not fits_grid(shape.width, shape.height):
+    if grid_profile(pipeline, settings, shape) is None:
+        traces = 11 if settings.method == "lora" else 9
         progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} "
-                          "px on fake tensors (no template yet): about 10-30 s on a laptop CPU"
-                          + (", then its profiles for any batch and resolution (eight traces, 1-4 min; kept in the "
-                             "cache, so the next question about this run is a replay)"
+                          "px on fake tensors (no profile shipped or cached for these settings): about 10-30 s on a "
+                          "laptop CPU"
+                          + (f", then its profiles for any batch, resolution and rank ({traces} traces, 2-6 min; kept "
+                             "in the cache, so the next question about this run is a replay)"
                              if gpu is not None and fits_grid(shape.width, shape.height) else ""))
     if gpu is not None:  # the limits will need the profiles: fitted first, the estimate is then a replay
         fit_profiles(pipeline, settings, shape)

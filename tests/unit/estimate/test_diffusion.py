@@ -134,8 +134,8 @@ def test_a_resolution_that_is_neither_is_refused(written: object) -> None:
 
 def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_refuse_it(cli, tmp_path: Path) -> None:
     """`tunecast memory --model FOLDER` of a diffusers pipeline: the traced step at the asked resolution, with its
-    fit on a GPU; settings its estimate does not take and the commands that do not take a pipeline yet are refused
-    in one line each, exit 2."""
+    fit on a GPU; settings its estimate does not take, the options that do not take a pipeline yet and a dry run
+    without images are refused in one line each, exit 2."""
     folder = str(tiny_pipeline(tmp_path))
     result = cli("memory", "--model", folder, "--resolution", "64x48", "--micro-batch", "2", "--gpu", "rtx-4090",
                  "--json")
@@ -154,8 +154,8 @@ def test_memory_of_a_pipeline_folder_answers_with_its_fit_and_other_commands_ref
     assert {"max_micro_batch", "max_resolution", "resolution_step"} <= set(document)
     calibrated = cli("plan", "--model", folder, "--calibration", str(tmp_path / "c.json"))
     assert calibrated.code == 2 and "--calibration" in calibrated.stderr and "Traceback" not in calibrated.stderr
-    rehearsed = cli("train", "--model", folder, "--dry-run")
-    assert rehearsed.code == 2 and "diffusion pipeline" in rehearsed.stderr and "Traceback" not in rehearsed.stderr
+    rehearsed = cli("train", "--model", folder, "--dry-run")  # a dry run takes it, and asks for its images
+    assert rehearsed.code == 2 and "dataset.path" in rehearsed.stderr and "Traceback" not in rehearsed.stderr
 
 
 def test_the_largest_micro_batch_and_resolution_that_fit_are_verified_on_both_sides(

@@ -1,0 +1,132 @@
+"""How long a cold estimate of a catalog diffusion pipeline takes: `tunecast memory` and `tunecast plan`.
+
+Targets (issue 34: those of the language models, issue 31), on a quiet 2-core machine, every command a fresh process
+with an empty cache and no background server: `tunecast memory` of each catalog pipeline × {LoRA, full} × {`--gpu`
+given, not given} within 5 s, and `tunecast plan` of each pipeline's LoRA over the whole GPU catalog within 10 s. A
+further row per pipeline asks at a rank, micro-batch and resolution no profile was fitted at (LoRA rank 32, 3 images
+of 768×512 px), and one per diffusion runner at its own defaults.
+
+Each row says whether the command traced (its stderr announced a trace) or was served by the shipped profiles
+(scripts/build_diffusion_profiles.py). A command still running at the time limit is stopped and reported as such
+("> N s"). Rows run in turn, one process at a time.
+
+Run:  .venv/bin/python benchmarks/diffusion_cold.py [--pipelines NAME ...] [--limit SECONDS] [--write]
+With --write, writes docs/benchmarks/diffusion-speed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from docsection import write_section
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "benchmarks" / "diffusion-speed.md"
+TUNECAST = Path(sys.executable).with_name("tunecast")
+GPU = "rtx-4090"
+RUNNERS = ("diffusers", "kohya", "simpletuner", "ai-toolkit")
+
+
+def _pipelines() -> list[str]:
+    from tunecast.catalog.diffusion import bundled_pipelines
+
+    return bundled_pipelines()
+
+
+def _run(command: list[str], limit: float, home: Path) -> tuple[float | None, bool, str]:
+    """(seconds, or None when stopped at `limit`; whether it traced; the device total, or the options, or the error)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECAST_")}
+    env.update({"TUNECAST_CACHE": tempfile.mkdtemp(prefix="cache-", dir=home),
+                "TUNECAST_CATALOG": str(home / "catalog"), "HF_HUB_OFFLINE": "1"})
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit, check=False)
+    except subprocess.TimeoutExpired as stopped:
+        said = stopped.stderr.decode() if isinstance(stopped.stderr, bytes) else (stopped.stderr or "")
+        return None, "tracing" in said, "stopped"
+    elapsed = time.perf_counter() - start
+    traced = "tracing" in done.stderr
+    if done.returncode not in (0, 3):
+        return elapsed, traced, "exit " + str(done.returncode) + ": " + done.stderr.strip().splitlines()[-1][:120]
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        return elapsed, traced, "no JSON"
+    if "device_total_gib" in answer:
+        limits = f", ≤ {answer['max_micro_batch']} images, ≤ {answer['max_resolution']} px" \
+            if "max_micro_batch" in answer else ""
+        return elapsed, traced, f"{answer['device_total_gib']:.2f} GiB{limits}"
+    return elapsed, traced, f"{len(answer.get('options', []))} options"
+
+
+def _cell(seconds: float | None, limit: float) -> str:
+    return f"> {limit:g}" if seconds is None else f"{seconds:.2f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipelines", nargs="*", help="catalog pipelines (default: all)")
+    parser.add_argument("--limit", type=float, default=60.0, help="seconds before a command is stopped (default 60)")
+    parser.add_argument("--write", action="store_true", help=f"write {DOC.relative_to(REPO)}")
+    options = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    rows: list[str] = []
+    met = total = 0
+    with tempfile.TemporaryDirectory(prefix="tunecast-diffusion-cold-") as directory:
+        home = Path(directory)
+        for name in options.pipelines or _pipelines():
+            memory = [str(TUNECAST), "memory", "--model", name, "--micro-batch", "1", "--json"]
+            cases: list[tuple[str, list[str], float]] = [
+                (f"{method}{', --gpu' if gpu else ''}", [*memory, "--method", method, *(["--gpu", GPU] if gpu else [])],
+                 5.0) for method in ("lora", "full") for gpu in (False, True)]
+            cases.append(("lora r32, 3 × 768×512 px, --gpu", [str(TUNECAST), "memory", "--model", name, "--json",
+                                                              "--lora-rank", "32", "--micro-batch", "3",
+                                                              "--resolution", "768x512", "--gpu", GPU], 5.0))
+            cases += [(f"--runner {runner}, --gpu", [*memory, "--runner", runner, "--gpu", GPU], 5.0)
+                      for runner in RUNNERS]
+            cases.append(("`plan` lora, every GPU of the catalog",
+                          [str(TUNECAST), "plan", "--model", name, "--json", "--set", "diffusion.images=500",
+                           "--epochs", "10", "--micro-batch", "4"], 10.0))
+            for label, command, target in cases:
+                seconds, traced, answer = _run(command, options.limit, home)
+                ok = seconds is not None and seconds <= target and not answer.startswith("exit")
+                met, total = met + ok, total + 1
+                rows.append(f"| {name} | {label} | {_cell(seconds, options.limit)} | "
+                            f"{'traced' if traced else 'shipped profiles'} | {answer} | "
+                            f"{'met' if ok else 'missed'} ({target:g} s) |")
+                print(rows[-1], flush=True)
+    load_after = os.getloadavg()[0]
+    lines = [
+        f"Measured with `.venv/bin/python benchmarks/diffusion_cold.py --write` on {time.strftime('%Y-%m-%d')}: "
+        f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; load average "
+        f"{load_before:.2f} before, {load_after:.2f} after. Each row is the console script in a fresh process with "
+        f"an empty cache (`--json`, micro-batch 1 at the pipeline's own resolution unless the row says; `--gpu {GPU}` "
+        f"where it says so); stopped after {options.limit:g} s.",
+        "",
+        "| pipeline | run | seconds | served by | answer | target |",
+        "|---|---|---:|---|---|---|",
+        *rows,
+        "",
+        f"Targets met: {met} of {total}.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if options.write:
+        if not DOC.exists():
+            DOC.parent.mkdir(parents=True, exist_ok=True)
+            DOC.write_text("# Cold estimates of diffusion pipelines\n\nWritten by `benchmarks/diffusion_cold.py`.\n")
+        write_section(DOC, "diffusion-cold", text)
+        print(f"wrote {DOC.relative_to(REPO)}")
+    return 0 if met == total else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
