@@ -392,10 +392,7 @@ def profile_key(pipeline: Pipeline, settings: DiffusionSettings, single: bool, f
                 ) -> str:
     from tunecast.estimate.profiles import library_versions
 
-    # torch's version without its build's label (+cpu, +cu128): a trace on fake tensors runs the same code on either,
-    # so a profile built on a CPU machine serves a GPU machine's torch of the same release
-    libraries = {**library_versions(), "diffusers": _diffusers_version()}
-    libraries["torch"] = libraries["torch"].split("+")[0]
+    libraries = {**library_versions(), "diffusers": _diffusers_version()}  # releases, without a build's label
     text = json.dumps({"configs": pipeline.configs, "settings": _key_settings(pipeline, settings), "single": single,
                        "frames": frames if pipeline.video else 1, "cache_latents": cache_latents,
                        "libraries": libraries,

@@ -61,11 +61,15 @@ class ProfilePair:
 
 @functools.cache
 def library_versions() -> dict[str, str]:
-    """The versions of the libraries whose code a trace runs through."""
+    """The versions of the libraries whose code a trace runs through: each release, without a build's local label
+    (torch 2.13.0+cpu from PyTorch's CPU index, 2.13.0 from PyPI, 2.13.0+cu130: one release). A trace runs on fake
+    tensors on the host, through the same Python code on any build of a release, so the templates shipped, built
+    with one build, serve the others (before, a key held the label, and a user with PyPI's torch traced what
+    tunecast ships)."""
     found = {}
     for package in ("torch", "transformers", "peft"):
         try:
-            found[package] = _version(package)
+            found[package] = _version(package).split("+")[0]
         except PackageNotFoundError:
             found[package] = "absent"
     return found

@@ -87,7 +87,7 @@ def test_aspect_buckets_hold_no_more_pixels_than_the_resolution_and_each_image_t
 
     buckets = aspect_buckets(1024, 1024)
     assert (1024, 1024) in buckets and all(w * h <= 1024 * 1024 for w, h in buckets)
-    assert all(w % 64 == 0 and h % 64 == 0 and 512 <= min(w, h) and max(w, h) <= 2048 for w, h in buckets)
+    assert all(w % 64 == 0 and h % 64 == 0 and min(w, h) >= 512 and max(w, h) <= 2048 for w, h in buckets)
     assert all((h, w) in buckets for w, h in buckets)
     assert nearest_bucket((1920, 1080), buckets) == (1344, 768)  # 16:9 → 1.75
     assert nearest_bucket((1080, 1920), buckets) == (768, 1344)

@@ -11,6 +11,7 @@ import pytest
 
 from tunecast.catalog.store import load_catalog
 from tunecast.estimate import profiles, symbols, templates
+from tunecast.estimate.memo import Memo
 from tunecast.estimate.tracer import trace_step
 from tunecast.step.settings import AdapterSettings, TraceSettings
 from tunecast.step.shape import WINDOW_UNLESS_USED, shallow_config_data, text_config_data
@@ -209,10 +210,24 @@ def test_without_tracing_a_setting_no_template_serves_is_refused_not_traced(monk
         profiles.get_profiles(config("Qwen/Qwen2.5-0.5B", layers=2), chunked, 2, 64, trace=False)
 
 
-def test_library_versions_are_the_installed_ones() -> None:
+def test_library_versions_are_the_installed_releases_without_a_build_label(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed versions, each a release: torch 2.13.0+cpu (PyTorch's CPU index), 2.13.0 (PyPI) and
+    2.13.0+cu130 key the same templates, so those shipped serve every build of the release."""
     from importlib.metadata import version
 
-    assert profiles.library_versions() == {package: version(package) for package in ("torch", "transformers", "peft")}
+    installed = {package: version(package).split("+")[0] for package in ("torch", "transformers", "peft")}
+    assert profiles.library_versions() == installed
+    keys = set()
+    for build in ("", "+cpu", "+cu130"):
+        profiles.library_versions.cache_clear()
+        templates._versions.cache_clear()
+        monkeypatch.setattr(profiles, "_version", lambda package, build=build: installed[package] + (
+            build if package == "torch" else ""))
+        monkeypatch.setattr(templates, "_KEYS", Memo())
+        keys.add(templates.template_key(config("Qwen/Qwen2.5-0.5B", layers=2), LORA, True))
+    profiles.library_versions.cache_clear()
+    templates._versions.cache_clear()
+    assert len(keys) == 1
 
 
 MIXED = TraceSettings(**{**LORA.__dict__, "precision": "bf16-mixed"})
