@@ -470,7 +470,9 @@ def answer_diffusion_memory(spec: RunSpec, pipeline: Pipeline, gpu: Gpu | None, 
                             "--gpu, max_micro_batch says the largest that fits")
     shape = diffusion_shape(spec, pipeline)
     settings = diffusion_settings(spec)
-    if grid_profile(pipeline, settings, shape) is None:
+    # with a GPU the limits need the profiles of a batch of one and of more; without, the asked shape's
+    needed = [replace(shape, batch=batch) for batch in (1, 2)] if gpu is not None else [shape]
+    if any(grid_profile(pipeline, settings, each) is None for each in needed):
         traces = 11 if settings.method == "lora" else 9
         progress.progress(f"tracing {pipeline.name}'s training step at {shape.batch} × {shape.width}×{shape.height} "
                           "px on fake tensors (no profile shipped or cached for these settings): about 10-30 s on a "

@@ -38,6 +38,7 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
 from importlib import resources
 from typing import Any
 
@@ -303,6 +304,8 @@ def fit(single: bool, shapes: list[tuple[int, int]], traces: list[Any], check_sh
         coefficients = _coefficients(single, rows, values)
         if _at(coefficients, *check_shape) != checked[index].nbytes:
             sided = _side_form(single, shapes, values, check_shape, checked[index].nbytes)
+            if sided is None and _encoding(event) and not single:
+                sided = _padded_form(shapes, values, check_shape, checked[index].nbytes)
             if sided is not None:
                 coefficients, side_terms[-1] = sided
             elif _encoding(event):
@@ -358,6 +361,22 @@ def _side_form(single: bool, shapes: list[tuple[int, int]], values: list[int], c
     if round(constant + per_side * side + per_image * batch + per_image_side * batch * side) != checked:
         return None
     return (constant, 0.0, 0.0, 0.0, 0.0, per_image), (per_side, per_image_side)
+
+
+def _padded_form(shapes: list[tuple[int, int]], values: list[int], check_shape: tuple[int, int], checked: int
+                 ) -> tuple[tuple[float, ...], tuple[float, float]] | None:
+    """A temporary of the VAE's encoding padded by a pixel on two sides: b·(c₁ + c₂·s + c₃·side), each image's
+    (w + 1)(h + 1) pixels. Fitted per image at the three sides of the fit and the check, if every shape's size is
+    its batch times that (the fit's second batch checks it); as for _side_form."""
+    per_image: dict[int, set[Fraction]] = {}
+    for (batch, pixels), value in [*zip(shapes, values, strict=True), (check_shape, checked)]:
+        per_image.setdefault(pixels, set()).add(Fraction(value, batch))
+    if len(per_image) != 3 or any(len(found) != 1 for found in per_image.values()):
+        return None
+    points = sorted((pixels, found.pop()) for pixels, found in per_image.items())
+    solved = _solve([(1, pixels, _side(pixels)) for pixels, _ in points], [value for _, value in points])  # type: ignore[arg-type]
+    constant, per_pixel, per_side = (float(c) for c in solved)
+    return (0.0, 0.0, 0.0, per_pixel, 0.0, constant), (0.0, per_side)
 
 
 def _encoding(event: Event) -> bool:

@@ -17,13 +17,12 @@ from tunecast.catalog.store import load_catalog
 from tunecast.config.spec import RunSpec
 from tunecast.estimate import diffusion, diffusion_fit
 from tunecast.estimate.diffusion import (
-    DiffusionShape,
     diffusion_limits,
     diffusion_settings,
     estimate_diffusion_memory,
     trace_diffusion_step,
 )
-from tunecast.estimate.diffusion_fit import SHIPPED, DiffusionProfile, canonical, latent_pixels
+from tunecast.estimate.diffusion_fit import SHIPPED, DiffusionProfile, canonical, latent_pixels, latent_side
 from tunecast.estimate.profile import profile_from_trace, replay
 
 pytest.importorskip("diffusers")
@@ -74,16 +73,20 @@ def test_a_cold_estimate_in_shipped_settings_traces_nothing_limits_included(sett
     assert limits.max_micro_batch > 1 and limits.max_resolution >= 1024
 
 
-def test_a_shipped_profile_replays_a_shape_and_rank_outside_its_fit_as_their_own_trace() -> None:
-    """SD 1.5's LoRA profile (fitted at rank 4, 512 and 640 px) at rank 16, 3 × 768×576 px, against that step's trace:
-    the same peak in every phase, the same reserve, the same trainable parameters."""
-    pipeline = load_pipeline(SD15)
-    spec = RunSpec.model_validate({"model": SD15, "method": "lora", "lora": {"rank": 16}})
+@pytest.mark.parametrize("name, width, height", [(SD15, 576, 768), ("damo-vilab/text-to-video-ms-1.7b", 384, 320)])
+def test_a_shipped_profile_replays_a_shape_and_rank_outside_its_fit_as_their_own_trace(name: str, width: int,
+                                                                                       height: int) -> None:
+    """A shipped LoRA profile (fitted at rank 4, 512 and 640 px, the VAE resident) at rank 16 and 3 images (or clips
+    of 16 frames) of a shape outside the fit, against that step's trace: the same peak in every phase, the same
+    reserve, the same trainable parameters. The video UNet's VAE encodes every frame at once, and its padded
+    temporaries, fitted in each image's side as well as its area, set the peak."""
+    pipeline = load_pipeline(name)
+    spec = RunSpec.model_validate({"model": name, "method": "lora", "lora": {"rank": 16}})
     settings = diffusion_settings(spec)
-    shape = DiffusionShape(3, 576, 768)
+    shape = replace(diffusion.diffusion_shape(spec, pipeline), batch=3, width=width, height=height)
     profile = diffusion_fit.cached_profile(pipeline, settings, shape.batch, shape.frames, shape.cache_latents)
     assert profile is not None
-    step = profile.step(settings.lora_rank)
+    step = profile.step(settings.lora_rank, latent_side(pipeline, shape.width, shape.height))
     own = trace_diffusion_step(pipeline, settings, shape)
     direct = replay(profile_from_trace(1, replace(own, events=canonical(own.events))), shape.batch, 1, cuda=True)
     fitted = replay(step, shape.batch, latent_pixels(pipeline, shape.width, shape.height), cuda=True)
