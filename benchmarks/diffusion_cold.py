@@ -18,15 +18,14 @@ With --write, writes docs/benchmarks/diffusion-speed.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from coldrun import cell, run_cold
 from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,32 +42,15 @@ def _pipelines() -> list[str]:
 
 def _run(command: list[str], limit: float, home: Path) -> tuple[float | None, bool, str]:
     """(seconds, or None when stopped at `limit`; whether it traced; the device total, or the options, or the error)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECAST_")}
-    env.update({"TUNECAST_CACHE": tempfile.mkdtemp(prefix="cache-", dir=home),
-                "TUNECAST_CATALOG": str(home / "catalog"), "HF_HUB_OFFLINE": "1"})
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired as stopped:
-        said = stopped.stderr.decode() if isinstance(stopped.stderr, bytes) else (stopped.stderr or "")
-        return None, "tracing" in said, "stopped"
-    elapsed = time.perf_counter() - start
-    traced = "tracing" in done.stderr
-    if done.returncode not in (0, 3):
-        return elapsed, traced, "exit " + str(done.returncode) + ": " + done.stderr.strip().splitlines()[-1][:120]
-    try:
-        answer = json.loads(done.stdout)
-    except ValueError:
-        return elapsed, traced, "no JSON"
+    run = run_cold(command, limit, home, ("tracing",))
+    answer = run.answer
+    if answer is None:
+        return run.seconds, run.traced, run.problem or ""
     if "device_total_gib" in answer:
         limits = f", ≤ {answer['max_micro_batch']} images, ≤ {answer['max_resolution']} px" \
             if "max_micro_batch" in answer else ""
-        return elapsed, traced, f"{answer['device_total_gib']:.2f} GiB{limits}"
-    return elapsed, traced, f"{len(answer.get('options', []))} options"
-
-
-def _cell(seconds: float | None, limit: float) -> str:
-    return f"> {limit:g}" if seconds is None else f"{seconds:.2f}"
+        return run.seconds, run.traced, f"{answer['device_total_gib']:.2f} GiB{limits}"
+    return run.seconds, run.traced, f"{len(answer.get('options', []))} options"
 
 
 def main() -> int:
@@ -97,7 +79,7 @@ def main() -> int:
                 seconds, traced, answer = _run(command, options.limit, home)
                 ok = seconds is not None and seconds <= target and not answer.startswith("exit")
                 met, total = met + ok, total + 1
-                rows.append(f"| {name} | {label} | {_cell(seconds, options.limit)} | "
+                rows.append(f"| {name} | {label} | {cell(seconds, options.limit)} | "
                             f"{'traced' if traced else 'shipped profiles'} | {answer} | "
                             f"{'met' if ok else 'missed'} ({target:g} s) |")
                 print(rows[-1], flush=True)

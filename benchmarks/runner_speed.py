@@ -20,12 +20,12 @@ import itertools
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from coldrun import cell, run_cold
 from docsection import write_section
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,30 +47,13 @@ TRACE_WORDS = ("tracing the", "building the step template")
 
 def _run(command: list[str], limit: float, home: Path) -> tuple[float | None, bool, str]:
     """(seconds, or None when stopped at `limit`; whether it traced; the device total or the error)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNECAST_")}
-    env.update({"TUNECAST_CACHE": tempfile.mkdtemp(prefix="cache-", dir=home),
-                "TUNECAST_CATALOG": str(home / "catalog"), "HF_HUB_OFFLINE": "1"})
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=limit, check=False)
-    except subprocess.TimeoutExpired as stopped:
-        said = stopped.stderr.decode() if isinstance(stopped.stderr, bytes) else (stopped.stderr or "")
-        return None, any(word in said for word in TRACE_WORDS), "stopped"
-    elapsed = time.perf_counter() - start
-    traced = any(word in done.stderr for word in TRACE_WORDS)
-    if done.returncode not in (0, 3):  # 3: does not fit (`--check` is not passed; kept for safety)
-        return elapsed, traced, "exit " + str(done.returncode) + ": " + done.stderr.strip().splitlines()[-1][:120]
-    try:
-        answer = json.loads(done.stdout)
-    except ValueError:
-        return elapsed, traced, "no JSON"
+    run = run_cold(command, limit, home, TRACE_WORDS)
+    answer = run.answer
+    if answer is None:
+        return run.seconds, run.traced, run.problem or ""
     if "device_total_gib" in answer:
-        return elapsed, traced, f"{answer['device_total_gib']:.2f} GiB"
-    return elapsed, traced, f"{len(answer.get('options', []))} options"
-
-
-def _cell(seconds: float | None, limit: float) -> str:
-    return f"> {limit:g}" if seconds is None else f"{seconds:.2f}"
+        return run.seconds, run.traced, f"{answer['device_total_gib']:.2f} GiB"
+    return run.seconds, run.traced, f"{len(answer.get('options', []))} options"
 
 
 def main() -> int:
@@ -99,7 +82,7 @@ def main() -> int:
                 met, total = met + ok, total + 1
                 name = "local config.json (new width and depth)" if model == str(local.parent) else model
                 rows.append(f"| {runner} | {name} | {method} | {'yes' if gpu else 'no'} | "
-                            f"{_cell(seconds, options.limit)} | {'traced' if traced else 'template'} | {answer} | "
+                            f"{cell(seconds, options.limit)} | {'traced' if traced else 'template'} | {answer} | "
                             f"{'met' if ok else 'missed'} |")
                 print(rows[-1], flush=True)
             command = [str(TUNECAST), "plan", "--model", MODELS[0], "--method", "lora", "--runner", runner, "--json",
@@ -108,7 +91,7 @@ def main() -> int:
             ok = seconds is not None and seconds <= 10.0 and not answer.startswith("exit")
             met, total = met + ok, total + 1
             rows.append(f"| {runner} | `plan` {MODELS[0]}, every GPU of the catalog | lora | — | "
-                        f"{_cell(seconds, options.limit)} | {'traced' if traced else 'template'} | {answer} | "
+                        f"{cell(seconds, options.limit)} | {'traced' if traced else 'template'} | {answer} | "
                         f"{'met' if ok else 'missed'} |")
             print(rows[-1], flush=True)
     load_after = os.getloadavg()[0]
