@@ -409,23 +409,14 @@ def _key_settings(pipeline: Pipeline, settings: DiffusionSettings) -> dict[str, 
 
 def profile_key(pipeline: Pipeline, settings: DiffusionSettings, single: bool, frames: int, cache_latents: bool
                 ) -> str:
-    from tunecast.estimate.profiles import library_versions
+    from tunecast.estimate.profiles import library_versions, release
 
-    libraries = {**library_versions(), "diffusers": _diffusers_version()}  # releases, without a build's label
+    libraries = {**library_versions(), "diffusers": release("diffusers")}  # releases, without a build's label
     text = json.dumps({"configs": pipeline.configs, "settings": _key_settings(pipeline, settings), "single": single,
                        "frames": frames if pipeline.video else 1, "cache_latents": cache_latents,
                        "libraries": libraries,
                        "format": PROFILE_FORMAT}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
-
-
-def _diffusers_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("diffusers")
-    except PackageNotFoundError:
-        return "absent"
 
 
 def _shipped(key: str) -> DiffusionProfile | None:

@@ -66,13 +66,16 @@ def library_versions() -> dict[str, str]:
     tensors on the host, through the same Python code on any build of a release, so the templates shipped, built
     with one build, serve the others (before, a key held the label, and a user with PyPI's torch traced what
     tunecast ships)."""
-    found = {}
-    for package in ("torch", "transformers", "peft"):
-        try:
-            found[package] = _version(package).split("+")[0]
-        except PackageNotFoundError:
-            found[package] = "absent"
-    return found
+    return {package: release(package) for package in ("torch", "transformers", "peft")}
+
+
+@functools.cache
+def release(package: str) -> str:
+    """The installed release of `package` (its version without a build's local label), or "absent"."""
+    try:
+        return _version(package).split("+")[0]
+    except PackageNotFoundError:
+        return "absent"
 
 
 def _version(package: str) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,8 @@ class DiffusionPlanner:
     pipeline: Pipeline
     catalog: Catalog
     workload: ImageWorkload
+    _memory: dict[tuple[int, bool, str], MemoryEstimate] = field(default_factory=dict)  # by batch, checkpointing,
+    # the GPU's architecture (its cuBLAS workspace and CUDA context): every card of one architecture replays alike
 
     def global_batch(self) -> int:
         return self.spec.sequences_per_step  # images here: a pipeline trains on one GPU (config/load.py)
@@ -197,12 +199,15 @@ class DiffusionPlanner:
         """The step's memory on `gpu`: a replay where the step's profiles are shipped or cached
         (estimate/diffusion_fit.py), else a trace that counts the step's work too (a pass more, cheaper than a trace
         again for the shape chosen)."""
-        spec = self.spec.with_changes({"grad_checkpointing": checkpointing, "micro_batch": batch})
-        shape = diffusion_shape(spec, self.pipeline)
-        if grid_profile(self.pipeline, diffusion_settings(spec), shape) is None:
-            traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
-        return estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape, device="cuda", gpu=gpu,
-                                         overheads=self.catalog.overheads)
+        key = (batch, checkpointing, gpu.architecture)  # a GPU enters the estimate by its architecture alone
+        if key not in self._memory:
+            spec = self.spec.with_changes({"grad_checkpointing": checkpointing, "micro_batch": batch})
+            shape = diffusion_shape(spec, self.pipeline)
+            if grid_profile(self.pipeline, diffusion_settings(spec), shape) is None:
+                traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
+            self._memory[key] = estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape,
+                                                          device="cuda", gpu=gpu, overheads=self.catalog.overheads)
+        return self._memory[key]
 
     def configure(self, gpu: Gpu) -> DiffusionConfiguration | str:
         """The fastest batch shape on `gpu` that fits (the largest micro-batch, without checkpointing where one fits

@@ -220,12 +220,14 @@ def test_library_versions_are_the_installed_releases_without_a_build_label(monke
     keys = set()
     for build in ("", "+cpu", "+cu130"):
         profiles.library_versions.cache_clear()
+        profiles.release.cache_clear()
         templates._versions.cache_clear()
         monkeypatch.setattr(profiles, "_version", lambda package, build=build: installed[package] + (
             build if package == "torch" else ""))
         monkeypatch.setattr(templates, "_KEYS", Memo())
         keys.add(templates.template_key(config("Qwen/Qwen2.5-0.5B", layers=2), LORA, True))
     profiles.library_versions.cache_clear()
+    profiles.release.cache_clear()
     templates._versions.cache_clear()
     assert len(keys) == 1
 
