@@ -30,16 +30,15 @@ import torch
 from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.store import Catalog
 from tunecast.config.load import LoadedPipeline
+from tunecast.config.spec import RunSpec
 from tunecast.data.images import (
     Captioned,
-    bucket_step,
     epoch_micro_batches,
     load_pixels,
     micro_batches_per_epoch,
     size_conditioning,
-    training_sizes,
 )
-from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape
+from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape, image_sizes
 from tunecast.step.diffusion import (
     Conditioning,
     NoiseSource,
@@ -69,7 +68,7 @@ from tunecast.train.metrics import MetricsLog
 from tunecast.train.model import BASE_SAVED
 from tunecast.train.optim import TrainOptimizer, lr_factor, warmup_steps
 from tunecast.train.preflight import check_pipeline_run, local_pipeline
-from tunecast.train.run import TrainRequest, TrainResult, config_hash, run_length, write_config
+from tunecast.train.run import RunLength, TrainRequest, TrainResult, config_hash, run_length, write_config
 from tunecast.train.session import (
     check_schedule,
     checkpoint_policy,
@@ -189,12 +188,8 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
     spec = spec.with_changes({"micro_batch": micro_batch, "grad_accum": grad_accum, "global_batch": None,
                               "grad_checkpointing": choice.grad_checkpointing})
     shape = diffusion_shape(spec, pipeline)
-    sizes = training_sizes([one.image for one in images], shape.width, shape.height,
-                           bucket_step(pipeline.grid, shape.width, shape.height) if spec.diffusion.buckets else None)
-    # an epoch sees each image `diffusion.repeats` times (kohya's folder repeats), in micro-batches of one training
-    # size each (one size without buckets), as the plan counts them
-    per_epoch = micro_batches_per_epoch(sizes, spec.diffusion.repeats, micro_batch)
-    length = run_length(spec, per_epoch * micro_batch, micro_batch * grad_accum, epochs_set=loaded.spec.fixed("epochs"))
+    epochs = image_epochs(spec, pipeline, images, micro_batch, grad_accum, epochs_set=loaded.spec.fixed("epochs"))
+    sizes, length = epochs.sizes, epochs.length
     if found is not None:
         check_schedule(found, length.schedule_steps)
     settings = diffusion_settings(spec)
@@ -239,10 +234,7 @@ def build_session(loaded: LoadedPipeline, catalog: Catalog, request: TrainReques
                             f"{pipeline.objective} objective; cached: {', '.join(cached) or 'nothing'}")
     reporter.event("start", "batch shape: " + "; ".join(choice.reasons))
     reporter.event("start", f"model: {origin}; {sum(p.numel() for p in trainable):,} trainable parameters")
-    repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
-    buckets = f" in {len(set(sizes))} aspect buckets" if spec.diffusion.buckets else ""
-    reporter.event("start", f"data: {len(images)} images with captions{repeats}{buckets}; {length.steps} steps "
-                            f"({length.per_epoch} per epoch)")
+    reporter.event("start", f"data: {epochs.about}; {length.steps} steps ({length.per_epoch} per epoch)")
     reporter.event("start", f"checkpoints {policy.describe()}, keep {spec.checkpoint.keep}; price {price_note}")
     metrics.write({"kind": "event", "event": "resume" if found is not None else "start", "step": progress.step,
                    "total_steps": length.steps, "micro_batch": micro_batch, "grad_accum": grad_accum,
@@ -284,6 +276,28 @@ def _optimizer_step(session: DiffusionSession, micro: list[list[int]], generator
     passes_done = time.monotonic()
     grad_norm = clip_and_step(session)
     return total, grad_norm, passes_done
+
+
+@dataclass(frozen=True)
+class ImageEpochs:
+    """What a run's epochs are made of: each image's training size, the run's length in optimizer steps, and the
+    images in words (with their repeats and buckets)."""
+
+    sizes: list[tuple[int, int]]
+    length: RunLength
+    about: str
+
+
+def image_epochs(spec: RunSpec, pipeline: Pipeline, images: list[Captioned], micro_batch: int, grad_accum: int, *,
+                 epochs_set: bool) -> ImageEpochs:
+    """An epoch sees each image `diffusion.repeats` times (kohya's folder repeats), in micro-batches of one training
+    size each (one size without buckets): the steps the run trains, `--dry-run` says and the plan counts."""
+    sizes = image_sizes(spec, pipeline, [one.image for one in images])
+    per_epoch = micro_batches_per_epoch(sizes, spec.diffusion.repeats, micro_batch)
+    length = run_length(spec, per_epoch * micro_batch, micro_batch * grad_accum, epochs_set=epochs_set)
+    repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
+    buckets = f" in {len(set(sizes))} aspect buckets" if spec.diffusion.buckets else ""
+    return ImageEpochs(sizes, length, f"{len(images)} images with captions{repeats}{buckets}")
 
 
 def epoch_batches(session: DiffusionSession, epoch: int) -> list[list[int]]:

@@ -111,26 +111,18 @@ def _resume_step(output: str) -> int | None:
 def diffusion_dry_run(loaded: LoadedPipeline, catalog: Catalog, *, check_memory: bool = True) -> DryRun:
     """`dry_run` of a diffusion pipeline's run: `examples` its images, `sequences` the images an epoch sees (times
     `diffusion.repeats`)."""
-    from tunecast.data.images import bucket_step, micro_batches_per_epoch, training_sizes
-    from tunecast.estimate.diffusion import diffusion_shape
     from tunecast.train.batching import choose_diffusion_batch
+    from tunecast.train.diffusion_loop import image_epochs
     from tunecast.train.preflight import check_pipeline_run
-    from tunecast.train.run import output_url, run_length
+    from tunecast.train.run import output_url
 
     spec, pipeline = loaded.spec, loaded.pipeline
     images = check_pipeline_run(spec, pipeline)
     device = planned_device(loaded, catalog)
     choice = choose_diffusion_batch(spec, pipeline, device, catalog, check_memory=check_memory)
-    shape = diffusion_shape(spec, pipeline)
-    sizes = training_sizes([one.image for one in images], shape.width, shape.height,
-                           bucket_step(pipeline.grid, shape.width, shape.height) if spec.diffusion.buckets else None)
-    per_epoch = micro_batches_per_epoch(sizes, spec.diffusion.repeats, choice.micro_batch)
-    length = run_length(spec, per_epoch * choice.micro_batch, choice.micro_batch * choice.grad_accum,
-                        epochs_set=spec.fixed("epochs"))
-    repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
-    buckets = f" in {len(set(sizes))} aspect buckets" if spec.diffusion.buckets else ""
-    source = f"{spec.dataset.path}: {len(images)} images with captions{repeats}{buckets}"
+    epochs = image_epochs(spec, pipeline, images, choice.micro_batch, choice.grad_accum,
+                          epochs_set=spec.fixed("epochs"))
     seen = len(images) * spec.diffusion.repeats
     output = output_url(spec)
-    return DryRun(spec.runner, device.name, choice, len(images), seen, length.steps, length.per_epoch, source, output,
-                  _resume_step(output))
+    return DryRun(spec.runner, device.name, choice, len(images), seen, epochs.length.steps, epochs.length.per_epoch,
+                  f"{spec.dataset.path}: {epochs.about}", output, _resume_step(output))
