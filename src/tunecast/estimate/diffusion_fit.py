@@ -17,8 +17,10 @@ Conditions, each checked:
   Python's ids from one trace to the next, so such runs are put in the order of their keys first (`canonical`); the
   allocator's state after a run of frees does not depend on their order, so no replay changes;
 - the sizes must follow the family: a trace at a third resolution, past the fit (b = 2, or b = 1), must have every
-  size the fit gives there. The VAE's encoding is the one exception (`_encoding`: its padded temporaries hold a term
-  in each side), allowed where the replay at the check is the trace's own;
+  size the fit gives there. A size that grows with a side instead (FLUX's rotary ids along an axis: `_side_form`)
+  is fitted in the side and checked the same way; the VAE's padded temporaries (`_encoding`) are fitted in each
+  image's area and side for a batch of more (`_padded_form`), else let through where the replay at the check is the
+  trace's own;
 - with LoRA, each size at the second rank must be the same or in the ranks' proportion.
 A fit that misses any is not used, and the shape is traced directly (`why_not_fitted` says where it missed).
 
