@@ -199,12 +199,12 @@ def nearest_bucket(size: tuple[int, int], buckets: list[tuple[int, int]]) -> tup
                                            -bucket[0] * bucket[1]))
 
 
-def training_sizes(images: list[Path], width: int, height: int, buckets: int | None) -> list[tuple[int, int]]:
-    """Each image's training (width, height): with `buckets` (their step, in pixels), its bucket's; else the run's
-    resolution."""
+def training_sizes(images: list[Path], width: int, height: int, grid: int, buckets: bool) -> list[tuple[int, int]]:
+    """Each image's training (width, height) at a run's resolution `width` × `height` for a denoiser on `grid`
+    (catalog/diffusion.Pipeline.grid): with `buckets`, its aspect bucket's (bucket_step's grid); else the resolution."""
     if not buckets:
         return [(width, height)] * len(images)
-    choices = aspect_buckets(width, height, buckets)
+    choices = aspect_buckets(width, height, bucket_step(grid, width, height))
     return [nearest_bucket(image_size(image), choices) for image in images]
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from tunecast.catalog.diffusion import Pipeline
@@ -238,16 +237,6 @@ def diffusion_shape(spec: RunSpec, pipeline: Pipeline) -> DiffusionShape:
     batch = spec.micro_batch
     return DiffusionShape(batch, height, width, spec.diffusion.frames or DEFAULT_FRAMES,
                           cache_latents=spec.diffusion.cache_latents, cache_text=cache_text)
-
-
-def image_sizes(spec: RunSpec, pipeline: Pipeline, images: list[Path]) -> list[tuple[int, int]]:
-    """Each image's training (width, height): with `diffusion.buckets`, its aspect bucket (data/images.py), else the
-    run's resolution."""
-    from tunecast.data.images import bucket_step, training_sizes
-
-    shape = diffusion_shape(spec.with_changes({"micro_batch": 1}), pipeline)  # its sides (any micro-batch, auto too)
-    step = bucket_step(pipeline.grid, shape.width, shape.height) if spec.diffusion.buckets else None
-    return training_sizes(images, shape.width, shape.height, step)
 
 
 def checkpointing_options(spec: RunSpec, pipeline: Pipeline) -> list[bool]:

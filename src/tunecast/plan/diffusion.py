@@ -37,7 +37,7 @@ from tunecast.catalog.diffusion import Pipeline
 from tunecast.catalog.gpus import Gpu
 from tunecast.catalog.store import Catalog
 from tunecast.config.spec import RunSpec
-from tunecast.data.images import list_image_folder, micro_batches_per_epoch
+from tunecast.data.images import list_image_folder, micro_batches_per_epoch, training_sizes
 from tunecast.errors import TunecastError
 from tunecast.estimate.diffusion import (
     DiffusionShape,
@@ -46,7 +46,6 @@ from tunecast.estimate.diffusion import (
     diffusion_shape,
     estimate_diffusion_memory,
     grid_profile,
-    image_sizes,
     largest_fitting,
     step_work,
     traced_step,
@@ -98,7 +97,10 @@ def image_workload(spec: RunSpec, pipeline: Pipeline | None = None) -> ImageWork
     epochs = spec.epochs if spec.epochs is not None else 1
     if spec.dataset.path is not None:
         files = [item.image for item in list_image_folder(spec.dataset.path)]
-        sizes = tuple(image_sizes(spec, pipeline, files)) if spec.diffusion.buckets and pipeline is not None else ()
+        sizes: tuple[tuple[int, int], ...] = ()
+        if spec.diffusion.buckets and pipeline is not None:
+            shape = diffusion_shape(spec.with_changes({"micro_batch": 1}), pipeline)
+            sizes = tuple(training_sizes(files, shape.width, shape.height, pipeline.grid, True))
         return ImageWorkload(len(files), spec.diffusion.repeats, epochs, spec.max_steps,
                              sum(path.stat().st_size for path in files), str(Path(spec.dataset.path)), sizes)
     if spec.diffusion.images is not None:

@@ -37,8 +37,9 @@ from tunecast.data.images import (
     load_pixels,
     micro_batches_per_epoch,
     size_conditioning,
+    training_sizes,
 )
-from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape, image_sizes
+from tunecast.estimate.diffusion import diffusion_settings, diffusion_shape
 from tunecast.step.diffusion import (
     Conditioning,
     NoiseSource,
@@ -292,7 +293,9 @@ def image_epochs(spec: RunSpec, pipeline: Pipeline, images: list[Captioned], mic
                  epochs_set: bool) -> ImageEpochs:
     """An epoch sees each image `diffusion.repeats` times (kohya's folder repeats), in micro-batches of one training
     size each (one size without buckets): the steps the run trains, `--dry-run` says and the plan counts."""
-    sizes = image_sizes(spec, pipeline, [one.image for one in images])
+    shape = diffusion_shape(spec.with_changes({"micro_batch": 1}), pipeline)  # its sides (micro_batch auto too)
+    sizes = training_sizes([one.image for one in images], shape.width, shape.height, pipeline.grid,
+                           spec.diffusion.buckets)
     per_epoch = micro_batches_per_epoch(sizes, spec.diffusion.repeats, micro_batch)
     length = run_length(spec, per_epoch * micro_batch, micro_batch * grad_accum, epochs_set=epochs_set)
     repeats = f" × {spec.diffusion.repeats} repeats" if spec.diffusion.repeats > 1 else ""
