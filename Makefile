@@ -64,7 +64,11 @@ lint: $(STAMP)
 unit: $(STAMP) $(SKY_STAMP) browser
 	$(BIN)/pytest -q -n 2 --dist worksteal --durations=25
 
-test: lint unit
+# The three installs wait mostly on downloads, so they run side by side, the lint as soon as the main one is done;
+# then the tests.
+test:
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint $(SKY_STAMP) browser
+	$(MAKE) --no-print-directory unit
 
 clean:
 	rm -rf $(VENV) $(SKY_VENV) $(DS_VENV) .pytest_cache .mypy_cache .ruff_cache

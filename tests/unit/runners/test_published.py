@@ -51,9 +51,6 @@ REFUSED = {
 }
 SFT_NOT_ESTIMATED = ["llamafactory/llama3_lora_sft_awq.yaml"]
 
-# Read today as supervised fine-tuning though they train otherwise: each should be refused (then moved to REFUSED).
-NOT_REFUSED_YET: dict[str, str] = {}
-
 # Files of the source repository a published config opens from where the tool runs (its repository root), which this
 # corpus does not copy: for these the config is read at its path in the source repository, beside copies of them
 # (tests/data/runners/llamafactory/v1/README.md: the same commit's data/v1_dpo_demo.yaml).
@@ -68,7 +65,7 @@ SOURCE_FILES = {
 # tests/unit/train/test_training.py test_lora_dropout_on_an_moe_model_applies_where_peft_can_apply_it.)
 UNKNOWN_KEYS: dict[str, list[str]] = {}
 
-READ = [name for name in FILES if name not in REFUSED and name not in NOT_REFUSED_YET]
+READ = [name for name in FILES if name not in REFUSED]
 
 
 def _tool(name: str) -> str:
@@ -107,7 +104,7 @@ def _loaded(imported: Imported, catalog: Catalog) -> LoadedSpec:
 
 def test_every_file_has_its_source() -> None:
     assert sorted(_sources()) == FILES
-    assert {*REFUSED, *NOT_REFUSED_YET} <= set(FILES) and not set(REFUSED) & set(NOT_REFUSED_YET)
+    assert set(REFUSED) <= set(FILES)
     assert set(SOURCE_FILES) <= set(REFUSED) and all(copy.is_file() for files in SOURCE_FILES.values()
                                                      for copy in files.values())
 
@@ -138,18 +135,12 @@ def test_refused_in_one_line_naming_the_key(name: str, catalog: Catalog, tmp_pat
     assert text in errors[0].message and "\n" not in errors[0].message
 
 
-@pytest.mark.parametrize("name", sorted(NOT_REFUSED_YET))
-def test_stages_not_refused_yet(name: str, catalog: Catalog) -> None:
-    """Each is read (today) as supervised fine-tuning: when its reader refuses it, move it to REFUSED."""
-    _loaded(read_config(_tool(name), PUBLISHED / name), catalog)
-
-
 def test_refusals_kept_to_other_stages_and_multimodal_models() -> None:
     """Each refusal is of a stage that is not supervised fine-tuning or of a multimodal model, but for the supervised
-    fine-tuning still to be estimated; each file not refused yet is one of another stage."""
+    fine-tuning still to be estimated; every file read is of supervised fine-tuning or pre-training."""
     trains = _sources()
     assert sorted(name for name in REFUSED if trains[name] in ("sft", "pt")) == SFT_NOT_ESTIMATED
-    assert all(trains[name] not in ("sft", "pt", "sft, multimodal") for name in NOT_REFUSED_YET)
+    assert all(trains[name] in ("sft", "pt") for name in READ)
     assert set(UNKNOWN_KEYS) <= set(READ)
 
 
