@@ -51,6 +51,7 @@ def memory_command(
     With --gpu: whether it fits, the largest micro-batch and sequence, and what to change when it does not."""
     from tunecast.config.load import LoadedPipeline, imported_part
     from tunecast.estimate.answer import answer_memory, start_prewarm
+    from tunecast.estimate.templates import building_beside
 
     found = load_run_from_cli(ctx, config, spec_args)
     if check and found.gpu is None:
@@ -62,7 +63,7 @@ def memory_command(
                                  trace_suggestions=trace_suggestions)
     loaded = found
     warming = start_prewarm(loaded, state(ctx).catalog(), device=device)  # before the progress display's thread
-    with working(f"Estimating the memory of {escape(loaded.model.name)}…"):
+    with working(f"Estimating the memory of {escape(loaded.model.name)}…"), building_beside():
         answer = answer_memory(loaded, state(ctx).catalog(), device=device, trace_suggestions=trace_suggestions,
                                warming=warming)
     if json_output:

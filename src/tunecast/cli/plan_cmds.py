@@ -59,6 +59,7 @@ def plan_command(
     offer (compute as billed, storage, spot preemptions), ranked; the Pareto front of cost and time marked."""
     from tunecast.catalog.store import today
     from tunecast.config.load import LoadedPipeline, imported_part
+    from tunecast.estimate.templates import building_beside
     from tunecast.plan.calibration import read_calibration
     from tunecast.plan.report import PlanRequest, check_failure, make_plan
 
@@ -75,7 +76,7 @@ def plan_command(
     refreshed = _refresh(ctx, loaded.spec.pricing.providers, json_output) if refresh else None
     request = PlanRequest(optimize, budget, deadline, preemptions,
                           read_calibration(calibration) if calibration is not None else None, available)
-    with working("Planning…") as status:
+    with working("Planning…") as status, building_beside():
         document = make_plan(loaded, state(ctx).catalog(), request, today=today(),
                              progress=lambda gpu: status.update(f"Planning… {gpu}"))
     if report is not None:

@@ -14,12 +14,14 @@ is used. Templates exist for micro-batches of two or more (b a variable) and for
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextvars import ContextVar
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -464,21 +466,112 @@ def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bo
     found = cached_template(key)
     if found is None and not trace:
         raise NeedsTrace("no template of this structure and these settings is shipped or cached")
+    if found is None and key in _BESIDE:
+        found = _built_beside(key, config_data, settings)
     if found is None:
         missing = tracing_available()
         if missing is not None:
             raise TracingUnavailable(missing)
         chosen = depths(config_data)
+        seconds = tracetime.expected((*chosen, chosen[0]), len(chosen) + 1, "marker")
+        beside = _start_beside(config_data, settings, multi, above)
         progress.notice(f"no shipped step template serves this model's structure in these settings: building it "
-                        f"from {len(chosen) + 1} traces at marker dimensions, about "
-                        f"{tracetime.expected((*chosen, chosen[0]), len(chosen) + 1, 'marker')} s on this machine")
+                        f"from {len(chosen) + 1} traces at marker dimensions, about {seconds} s on this machine"
+                        + (f" (and {_count(len(beside), 'other')} of these settings that the estimate reads too, "
+                           "built at the same time by a second process)" if beside else ""))
         started = time.perf_counter()
-        built = build_template(config_data, settings, multi, above)
+        found = _built(config_data, settings, multi, above)
         tracetime.remember(time.perf_counter() - started, (*chosen, chosen[0]), len(chosen) + 1, "marker")
-        found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
-        if os.environ.get("TUNECAST_NO_CACHE") != "1":
-            write_text_atomic(cache_path(key), json.dumps(found))
         _READ[cache_path(key)] = found
     if "failed" in found:
         raise NoTemplate(found["failed"])
     return found
+
+
+def _built(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> dict[str, Any]:
+    """The template built now, or the record of its failure; written to the cache."""
+    built = build_template(config_data, settings, multi, above)
+    found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
+    if os.environ.get("TUNECAST_NO_CACHE") != "1":
+        write_text_atomic(cache_path(template_key(config_data, settings, multi, above)), json.dumps(found))
+    return found
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what} template" + ("s" if n != 1 else "")
+
+
+# Templates a second process is building (`building_beside`), by key: that process.
+_BESIDE: dict[str, Any] = {}
+_BESIDE_ON: ContextVar[bool] = ContextVar("building_beside", default=False)
+BESIDE_TIMEOUT_S = 900  # longer than any template takes; past it, this process builds what it waited for
+
+
+@contextlib.contextmanager
+def building_beside() -> Iterator[None]:
+    """Within (the command line's estimates): where a template must be built, a second process builds at the same
+    time some of the other templates of the same settings, those of a micro-batch of one or of more and of either
+    side of a sliding window, which the estimate reads too (memory.py, the reserve ladder reads the micro-batch of
+    one and the shapes below the window); this process builds the rest as it comes to them. Two cores build four
+    templates in the time of two. A second process still building when the estimate ends is stopped."""
+    from tunecast.estimate import prewarm
+
+    token = _BESIDE_ON.set(True)
+    try:
+        yield
+    finally:
+        _BESIDE_ON.reset(token)
+        for process in {id(process): process for process in _BESIDE.values()}.values():
+            prewarm.abandon(process)
+        _BESIDE.clear()
+
+
+def _start_beside(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> list[str]:
+    """Within `building_beside`: the keys a second process now builds (the first half of the other templates of
+    these settings that are neither shipped, cached nor already being built); none where no process is forked."""
+    if not _BESIDE_ON.get() or os.environ.get("TUNECAST_NO_CACHE") == "1":
+        return []
+    sides = (False, True) if sliding_window(config_data) is not None else (False,)
+    others = [(m, a) for m in (False, True) for a in sides if (m, a) != (multi, above)]
+    wanted = [(m, a) for m, a in others if (key := template_key(config_data, settings, m, a)) not in _BESIDE
+              and cached_template(key) is None]
+    given = wanted[:(len(wanted) + 1) // 2]
+    if not given:
+        return []
+    from tunecast.estimate import prewarm
+
+    def work() -> int:
+        for m, a in given:
+            _built(config_data, settings, m, a)
+        return len(given)
+
+    process = prewarm.fork(work)
+    if process is None:
+        return []
+    keys = [template_key(config_data, settings, m, a) for m, a in given]
+    _BESIDE.update(dict.fromkeys(keys, process))
+    return keys
+
+
+def _built_beside(key: str, config_data: dict[str, Any], settings: TraceSettings) -> dict[str, Any] | None:
+    """The template the second process was building, once it is done; None where it failed (this process then
+    builds it). Before it waits, this process builds its own share of the other templates of these settings (those
+    it did not give the second process), which the estimate reads too."""
+    from tunecast.estimate import prewarm
+
+    process = _BESIDE[key]
+    sides = (False, True) if sliding_window(config_data) is not None else (False,)
+    for m, a in [(m, a) for m in (False, True) for a in sides]:
+        other = template_key(config_data, settings, m, a)
+        if other not in _BESIDE and cached_template(other) is None and not process.done:
+            progress.progress(f"building the {'micro-batch 2 and more' if m else 'micro-batch 1'} step template "
+                              f"{'above' if a else 'below'} the window while the second process builds others"
+                              if len(sides) == 2 else "building another step template while the second process "
+                              "builds others")
+            _READ[cache_path(other)] = _built(config_data, settings, m, a)
+    if not process.done:
+        progress.progress("waiting for the second process building this model's other step templates")
+        prewarm.wait(process, BESIDE_TIMEOUT_S)
+    for other in [k for k, p in _BESIDE.items() if p is process]:
+        del _BESIDE[other]
+    return cached_template(key)
