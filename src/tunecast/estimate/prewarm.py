@@ -130,16 +130,6 @@ def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]
     return answer, found if isinstance(found, int) else second()
 
 
-def fork(work: Callable[[], Any]) -> Prewarm | None:
-    """`work` run silently in a forked process, its result for `wait`; None where no process can be forked."""
-    return _forked(work) if _can_fork() else None
-
-
-def wait(process: Prewarm, timeout: float) -> Any:
-    """What a forked process's `work` returned; None where it failed or did not answer within `timeout` s."""
-    return _received(process, timeout)
-
-
 def _can_fork() -> bool:
     return hasattr(os, "fork") and sys.platform == "linux" and os.environ.get("TUNECAST_NO_PREWARM") != "1"
 

@@ -19,6 +19,9 @@ import functools
 import hashlib
 import json
 import os
+import pickle
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
@@ -502,7 +505,7 @@ def _count(n: int, what: str) -> str:
 
 
 # Templates a second process is building (`building_beside`), by key: that process.
-_BESIDE: dict[str, Any] = {}
+_BESIDE: dict[str, subprocess.Popen[bytes]] = {}
 _BESIDE_ON: ContextVar[bool] = ContextVar("building_beside", default=False)
 BESIDE_TIMEOUT_S = 900  # longer than any template takes; past it, this process builds what it waited for
 
@@ -513,23 +516,30 @@ def building_beside() -> Iterator[None]:
     time some of the other templates of the same settings, those of a micro-batch of one or of more and of either
     side of a sliding window, which the estimate reads too (memory.py, the reserve ladder reads the micro-batch of
     one and the shapes below the window); this process builds the rest as it comes to them. Two cores build four
-    templates in the time of two. A second process still building when the estimate ends is stopped."""
-    from tunecast.estimate import prewarm
-
+    templates in the time of two. The second process is a new interpreter, not a fork: a fork of a process with
+    threads (a progress display's, a test runner's) can inherit a lock held for ever. One still building when the
+    estimate ends is stopped."""
     token = _BESIDE_ON.set(True)
     try:
         yield
     finally:
         _BESIDE_ON.reset(token)
         for process in {id(process): process for process in _BESIDE.values()}.values():
-            prewarm.abandon(process)
+            _stop(process)
         _BESIDE.clear()
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
 
 
 def _start_beside(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> list[str]:
     """Within `building_beside`: the keys a second process now builds (the first half of the other templates of
-    these settings that are neither shipped, cached nor already being built); none where no process is forked."""
-    if not _BESIDE_ON.get() or os.environ.get("TUNECAST_NO_CACHE") == "1":
+    these settings that are neither shipped, cached nor already being built); none where none is started."""
+    if not _BESIDE_ON.get() or os.environ.get("TUNECAST_NO_CACHE") == "1" or \
+            os.environ.get("TUNECAST_NO_PREWARM") == "1":
         return []
     sides = (False, True) if sliding_window(config_data) is not None else (False,)
     others = [(m, a) for m in (False, True) for a in sides if (m, a) != (multi, above)]
@@ -538,15 +548,14 @@ def _start_beside(config_data: dict[str, Any], settings: TraceSettings, multi: b
     given = wanted[:(len(wanted) + 1) // 2]
     if not given:
         return []
-    from tunecast.estimate import prewarm
-
-    def work() -> int:
-        for m, a in given:
-            _built(config_data, settings, m, a)
-        return len(given)
-
-    process = prewarm.fork(work)
-    if process is None:
+    try:
+        process = subprocess.Popen([sys.executable, "-c", "from tunecast.estimate.templates import _build_ordered; "
+                                    "_build_ordered()"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        assert process.stdin is not None
+        with process.stdin as order:
+            order.write(pickle.dumps((config_data, settings, given)))
+    except OSError:
         return []
     keys = [template_key(config_data, settings, m, a) for m, a in given]
     _BESIDE.update(dict.fromkeys(keys, process))
@@ -557,21 +566,31 @@ def _built_beside(key: str, config_data: dict[str, Any], settings: TraceSettings
     """The template the second process was building, once it is done; None where it failed (this process then
     builds it). Before it waits, this process builds its own share of the other templates of these settings (those
     it did not give the second process), which the estimate reads too."""
-    from tunecast.estimate import prewarm
-
     process = _BESIDE[key]
     sides = (False, True) if sliding_window(config_data) is not None else (False,)
     for m, a in [(m, a) for m in (False, True) for a in sides]:
         other = template_key(config_data, settings, m, a)
-        if other not in _BESIDE and cached_template(other) is None and not process.done:
+        if other not in _BESIDE and cached_template(other) is None and process.poll() is None:
             progress.progress(f"building the {'micro-batch 2 and more' if m else 'micro-batch 1'} step template "
                               f"{'above' if a else 'below'} the window while the second process builds others"
                               if len(sides) == 2 else "building another step template while the second process "
                               "builds others")
             _READ[cache_path(other)] = _built(config_data, settings, m, a)
-    if not process.done:
+    if process.poll() is None:
         progress.progress("waiting for the second process building this model's other step templates")
-        prewarm.wait(process, BESIDE_TIMEOUT_S)
+        try:
+            process.wait(BESIDE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _stop(process)
     for other in [k for k, p in _BESIDE.items() if p is process]:
         del _BESIDE[other]
     return cached_template(key)
+
+
+def _build_ordered() -> None:
+    """The second process of `building_beside`: builds the templates its
+    standard input names, pickled by the first (the same tunecast), into the cache, saying nothing."""
+    config_data, settings, given = pickle.loads(sys.stdin.buffer.read())
+    with progress.listening(lambda kind, message: None):
+        for multi, above in given:
+            _built(config_data, settings, multi, above)

@@ -397,40 +397,34 @@ def test_phi3_head_units_split_the_rotated_part_in_halves() -> None:
 
 def test_within_building_beside_a_second_process_builds_half_of_the_other_templates(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """The command line's estimates (`building_beside`): where a template must be built, a forked process builds half
-    of the other templates of the same settings (micro-batch 1 and 2+, each side of a sliding window) at the same
-    time, and this process its own share before it waits; each is built once and read back as built. Outside, all
-    are built here, in turn."""
-    import os
-
-    log = tmp_path / "built.txt"
-
-    def build(data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool = False) -> dict[str, Any]:
-        with log.open("a") as out:
-            out.write(f"{os.getpid()} {multi} {above}\n")
-        return {"profiles": [], "depths": [2], "multi": multi, "above": above}
-
-    monkeypatch.setattr(templates, "build_template", build)
-    monkeypatch.setattr(templates, "_READ", {})  # the stand-in templates stay in this test's cache
-    monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "cache"))
+    """The command line's estimates (`building_beside`): where a template must be built, a second process (a new
+    interpreter) builds half of the other templates of the same settings (micro-batch 1 and 2+, each side of a
+    sliding window) at the same time, and this process its own share before it waits; each is built once, and the
+    second process's are those this process builds alone."""
+    monkeypatch.setattr(templates, "_READ", {})
+    monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "beside"))
     monkeypatch.delenv("TUNECAST_NO_PREWARM", raising=False)
     monkeypatch.delenv("TUNECAST_NO_CACHE", raising=False)
+    here: list[tuple[bool, bool]] = []
+    built = templates._built
+
+    def building(data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> dict[str, Any]:
+        here.append((multi, above))
+        return built(data, settings, multi, above)
+
+    monkeypatch.setattr(templates, "_built", building)
+    data = config("mistralai/Mistral-7B-v0.1", layers=1)  # with a sliding window
+    settings = TraceSettings(**{**LORA.__dict__, "adapters": AdapterSettings(8, 16, 0.0, ("o_proj",), False, ())})
+    assert all(templates.cached_template(templates.template_key(data, settings, multi, above)) is None
+               for multi in (False, True) for above in (False, True))  # none shipped
     shapes = [(True, True), (False, False), (False, True), (True, False)]
-
-    def built(data: dict[str, Any]) -> list[dict[str, Any]]:
-        return [templates.get_template(data, LORA, multi, above=above) for multi, above in shapes]
-
-    data = {**config("google/gemma-2-2b", layers=2), "attention_bias": True}  # a structure tunecast ships none of
     with templates.building_beside():
-        found = built(data)
-    assert [(t["multi"], t["above"]) for t in found] == shapes and not templates._BESIDE
-    rows = [line.split() for line in log.read_text().splitlines()]
-    assert sorted((multi, above) for _, multi, above in rows) == sorted((str(m), str(a)) for m, a in shapes)
-    by = {(multi, above): int(pid) for pid, multi, above in rows}
-    assert by[("True", "True")] == by[("True", "False")] == os.getpid()  # its own, then its share
-    assert by[("False", "False")] == by[("False", "True")] != os.getpid()  # the second process's half
-
-    log.unlink()
-    other = {**data, "tie_word_embeddings": False}  # another structure
-    assert [(t["multi"], t["above"]) for t in built(other)] == shapes
-    assert {int(line.split()[0]) for line in log.read_text().splitlines()} == {os.getpid()}
+        found = [json.loads(json.dumps(templates.get_template(data, settings, multi, above=above)))
+                 for multi, above in shapes]
+    assert here == [(True, True), (True, False)] and not templates._BESIDE  # its own, then its share
+    assert all("profiles" in template for template in found)
+    monkeypatch.setattr(templates, "_READ", {})
+    monkeypatch.setenv("TUNECAST_CACHE", str(tmp_path / "alone"))
+    for (multi, above), template in zip(shapes[1:3], found[1:3], strict=True):  # the second process's
+        assert json.loads(json.dumps(templates.get_template(data, settings, multi, above=above))) == template
+    assert here[2:] == shapes[1:3]
