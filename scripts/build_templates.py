@@ -35,7 +35,7 @@ from tunecast.errors import TunecastError
 from tunecast.estimate import templates
 from tunecast.runners.imported import TOOLS, read_config
 from tunecast.step.settings import TraceSettings
-from tunecast.step.shape import sliding_window, text_config_data
+from tunecast.step.shape import text_config_data
 
 REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "src" / "tunecast" / "estimate" / "data" / "templates"
@@ -112,12 +112,6 @@ def _published(catalog: Catalog) -> list[tuple[str, dict, RunSpec]]:
     return found
 
 
-def _sides(data: dict) -> tuple[bool, ...]:
-    """Which sides of the sliding window get templates (above it: True): both where the model has one, since
-    an estimate above the window also reads the shapes below it (memory.py, the reserve ladder)."""
-    return (False, True) if sliding_window(data) is not None else (False,)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", help="catalog names (default: every catalog model a template serves)")
@@ -139,7 +133,7 @@ def main() -> int:
                 settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
                 if not templates.applies(data, settings):
                     continue
-                for multi, above in itertools.product((False, True), _sides(data)):
+                for multi, above in templates.template_shapes(data):
                     wanted.setdefault(templates.template_key(data, settings, multi, above),
                                       (name, data, settings, multi, above))
     for name in names:
@@ -157,7 +151,7 @@ def main() -> int:
                 settings = TraceSettings.from_spec(spec, grad_checkpointing=checkpointing)
                 if not templates.applies(data, settings):
                     continue
-                for multi, above in itertools.product((False, True), _sides(data)):
+                for multi, above in templates.template_shapes(data):
                     key = templates.template_key(data, settings, multi, above)
                     wanted.setdefault(key, (name, data, settings, multi, above))
     for old in OUT.glob("*.json.gz"):  # the earlier format: recompressed (xz holds a template in about half)

@@ -78,6 +78,14 @@ def _versions() -> dict[str, str]:
     return {**library_versions(), "template_format": str(TEMPLATE_FORMAT)}
 
 
+def template_shapes(config_data: dict[str, Any]) -> list[tuple[bool, bool]]:
+    """The (multi, above) of every template of one structure and settings: a micro-batch of one and of more, each on
+    both sides of a sliding window where the model has one (an estimate above the window also reads the shapes
+    below it: memory.py, the reserve ladder)."""
+    sides = (False, True) if sliding_window(config_data) is not None else (False,)
+    return [(multi, above) for multi in (False, True) for above in sides]
+
+
 def above_window(config_data: dict[str, Any], seq: int) -> bool:
     """Whether `seq` lies above the config's sliding window (attention masks differ on either side, so each
     side has its templates)."""
@@ -480,28 +488,26 @@ def get_template(config_data: dict[str, Any], settings: TraceSettings, multi: bo
         beside = _start_beside(config_data, settings, multi, above)
         progress.notice(f"no shipped step template serves this model's structure in these settings: building it "
                         f"from {len(chosen) + 1} traces at marker dimensions, about {seconds} s on this machine"
-                        + (f" (and {_count(len(beside), 'other')} of these settings that the estimate reads too, "
-                           "built at the same time by a second process)" if beside else ""))
+                        + (f" (and {len(beside)} other template{'s' if len(beside) > 1 else ''} of these settings "
+                           "that the estimate reads too, built at the same time by a second process)" if beside
+                           else ""))
         started = time.perf_counter()
         found = _built(config_data, settings, multi, above)
         tracetime.remember(time.perf_counter() - started, (*chosen, chosen[0]), len(chosen) + 1, "marker")
-        _READ[cache_path(key)] = found
     if "failed" in found:
         raise NoTemplate(found["failed"])
     return found
 
 
 def _built(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> dict[str, Any]:
-    """The template built now, or the record of its failure; written to the cache."""
+    """The template built now, or the record of its failure; written to the cache, and kept for this process."""
     built = build_template(config_data, settings, multi, above)
     found = built if built is not None else {"failed": "a size had no reading or the check trace differed"}
+    path = cache_path(template_key(config_data, settings, multi, above))
     if os.environ.get("TUNECAST_NO_CACHE") != "1":
-        write_text_atomic(cache_path(template_key(config_data, settings, multi, above)), json.dumps(found))
+        write_text_atomic(path, json.dumps(found))
+    _READ[path] = found
     return found
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what} template" + ("s" if n != 1 else "")
 
 
 # Templates a second process is building (`building_beside`), by key: that process.
@@ -541,10 +547,8 @@ def _start_beside(config_data: dict[str, Any], settings: TraceSettings, multi: b
     if not _BESIDE_ON.get() or os.environ.get("TUNECAST_NO_CACHE") == "1" or \
             os.environ.get("TUNECAST_NO_PREWARM") == "1":
         return []
-    sides = (False, True) if sliding_window(config_data) is not None else (False,)
-    others = [(m, a) for m in (False, True) for a in sides if (m, a) != (multi, above)]
-    wanted = [(m, a) for m, a in others if (key := template_key(config_data, settings, m, a)) not in _BESIDE
-              and cached_template(key) is None]
+    wanted = [(m, a) for m, a in template_shapes(config_data) if (m, a) != (multi, above)
+              and (key := template_key(config_data, settings, m, a)) not in _BESIDE and cached_template(key) is None]
     given = wanted[:(len(wanted) + 1) // 2]
     if not given:
         return []
@@ -567,15 +571,13 @@ def _built_beside(key: str, config_data: dict[str, Any], settings: TraceSettings
     builds it). Before it waits, this process builds its own share of the other templates of these settings (those
     it did not give the second process), which the estimate reads too."""
     process = _BESIDE[key]
-    sides = (False, True) if sliding_window(config_data) is not None else (False,)
-    for m, a in [(m, a) for m in (False, True) for a in sides]:
+    for m, a in template_shapes(config_data):
         other = template_key(config_data, settings, m, a)
         if other not in _BESIDE and cached_template(other) is None and process.poll() is None:
-            progress.progress(f"building the {'micro-batch 2 and more' if m else 'micro-batch 1'} step template "
-                              f"{'above' if a else 'below'} the window while the second process builds others"
-                              if len(sides) == 2 else "building another step template while the second process "
-                              "builds others")
-            _READ[cache_path(other)] = _built(config_data, settings, m, a)
+            progress.progress(f"building the {'micro-batch 2 and more' if m else 'micro-batch 1'} step template"
+                              f"{(' above' if a else ' below') + ' the window' if sliding_window(config_data) else ''}"
+                              " while the second process builds others")
+            _built(config_data, settings, m, a)
     if process.poll() is None:
         progress.progress("waiting for the second process building this model's other step templates")
         try:
@@ -588,8 +590,8 @@ def _built_beside(key: str, config_data: dict[str, Any], settings: TraceSettings
 
 
 def _build_ordered() -> None:
-    """The second process of `building_beside`: builds the templates its
-    standard input names, pickled by the first (the same tunecast), into the cache, saying nothing."""
+    """The second process of `building_beside`: builds the templates its standard input names, pickled by the first
+    (the same tunecast), into the cache, saying nothing."""
     config_data, settings, given = pickle.loads(sys.stdin.buffer.read())
     with progress.listening(lambda kind, message: None):
         for multi, above in given:
