@@ -60,13 +60,11 @@ def _pipeline_key(pipeline: Pipeline) -> str:
     return pipeline.name + json.dumps(pipeline.configs, sort_keys=True, default=str)
 
 
-def traced_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape, *,
-                count_flops: bool) -> Any:
-    """`trace_diffusion_step`, once per pipeline, settings and shape in this process (with its work counted where
-    `count_flops` asks: a plan's; a pass more than memory needs)."""
+def traced_step(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> Any:
+    """`trace_diffusion_step`, once per pipeline, settings and shape in this process, its work counted."""
     key = (_pipeline_key(pipeline), settings, shape)
-    if key not in _TRACES or (count_flops and "matmul" not in _TRACES[key].flops):
-        _TRACES[key] = trace_diffusion_step(pipeline, settings, shape, count_flops=count_flops)
+    if key not in _TRACES:
+        _TRACES[key] = trace_diffusion_step(pipeline, settings, shape, count_flops=True)
     return _TRACES[key]
 
 
@@ -74,8 +72,8 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
                          count_flops: bool = False) -> Any:
     """Two training steps on fake tensors (tracer.STEPS): the VAE's encoding of the batch (unless its latents are
     cached), the denoiser's loss, its backward pass and the optimizer's step. A tracer.Trace; with `count_flops`, its
-    `flops` also hold a third step's matmul and attention FLOPs (torch's FlopCounterMode: convolutions count as
-    matmuls), counted in a pass of their own as for a language model (tracer._trace_step)."""
+    `flops` also hold the second step's matmul and attention FLOPs (torch's formulas: convolutions count as
+    matmuls), counted as it runs, as for a language model (tracer._trace_step)."""
     import warnings
 
     import torch
@@ -114,7 +112,7 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
 
     hooks = [p.register_post_accumulate_grad_hook(mark_gradient) for p in params]
     optimizer = make_optimizer(settings.optimizer if settings.optimizer in TRACED_OPTIMIZERS else "adamw", params)
-    counter = tracer._flop_counter(recorder)
+    recorder.flops = {"matmul": 0.0, "attention": 0.0} if count_flops else None
     try:
         with warnings.catch_warnings(), mode, tracer._no_gc():
             warnings.simplefilter("ignore")
@@ -126,14 +124,10 @@ def trace_diffusion_step(pipeline: Pipeline, settings: DiffusionSettings, shape:
                     train_step(model, vae, lambda step=step: tracer.optimizer_step(recorder, optimizer, step),
                                pipeline, settings, shape.batch, shape.height, shape.width, shape.frames, on=on)
                 events = recorder.close()
-            if count_flops:  # the optimizer's work is its traced bytes (optimizer_bytes), not FLOPs
-                with counter:
-                    train_step(model, vae, lambda: optimizer.zero_grad(set_to_none=True), pipeline, settings,
-                               shape.batch, shape.height, shape.width, shape.frames)
     finally:
         for hook in hooks:
             hook.remove()
-    flops = tracer._split_flops(counter) if count_flops else {}
+    flops = dict(recorder.flops) if recorder.flops is not None else {}
     trainable = sum(p.numel() for p in params)
     element = torch.empty((), dtype=weight_dtype(settings)).element_size()
     small = sum(p.numel() for p in params if p.numel() < tracer.SMALL_TENSOR_NUMEL)
@@ -163,7 +157,7 @@ def estimate_diffusion_memory(pipeline: Pipeline, settings: DiffusionSettings, s
                         fixed_blocks=fixed)
         facts = step.facts
     else:
-        trace = traced_step(pipeline, settings, shape, count_flops=False)
+        trace = traced_step(pipeline, settings, shape)
         result = replay(profile_from_trace(1, trace), shape.batch, 1, cuda=cuda, fixed_blocks=fixed)
         facts = trace.facts
     text = 0 if shape.cache_text else profile.text_bytes if profile is not None else \
@@ -310,7 +304,7 @@ def step_work(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionS
     if profile is not None and "matmul" in profile.flops:
         step = profile.step(settings.lora_rank, latent_side(pipeline, shape.width, shape.height))
         return step.flops_at(shape.batch, latent_pixels(pipeline, shape.width, shape.height))
-    return dict(traced_step(pipeline, settings, shape, count_flops=True).flops)
+    return dict(traced_step(pipeline, settings, shape).flops)
 
 
 def fit_profiles(pipeline: Pipeline, settings: DiffusionSettings, shape: DiffusionShape) -> bool:
@@ -319,7 +313,7 @@ def fit_profiles(pipeline: Pipeline, settings: DiffusionSettings, shape: Diffusi
     their grid or where a fit does not hold."""
     def traced(batch: int, side: int, rank: int | None) -> Any:
         ranked = settings if rank is None else replace(settings, lora_rank=rank, lora_alpha=rank)
-        return traced_step(pipeline, ranked, replace(shape, batch=batch, width=side, height=side), count_flops=True)
+        return traced_step(pipeline, ranked, replace(shape, batch=batch, width=side, height=side))
 
     return fits_grid(shape.width, shape.height) and all(
         fitted_profile(pipeline, settings, batch, shape.frames, shape.cache_latents, traced,

@@ -223,7 +223,7 @@ def fit_profile(layers: int, shapes: list[tuple[int, int]], traces: list[Trace])
     flops = {kind: _fit(rows, [trace.flops[kind] for trace in traces])
              for kind in ("elementwise_bytes", "moved_bytes", "optimizer_bytes", "kernels", "random_elements",
                           "transcendental_bytes")}
-    # FLOPs are counted in the first two traces only (a pass of their own): every FLOP scales with the
+    # FLOPs are read from the first two traces that count them: every FLOP scales with the
     # batch's tokens, b·s (matmuls) or b·s² (attention scores), so two shapes determine them.
     counted = [(shape, trace) for shape, trace in zip(shapes, traces, strict=True) if "matmul" in trace.flops][:2]
     if len(counted) == 2:

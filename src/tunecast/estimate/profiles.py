@@ -193,7 +193,7 @@ def trace_profiles(config_data: dict[str, Any], settings: TraceSettings, batch: 
         traces = []
         for index, (b, s) in enumerate(points):
             say(number * len(points) + index, depth, b, s)
-            traces.append(trace_step(shallow, settings, b, s, count_flops=index < 2))
+            traces.append(trace_step(shallow, settings, b, s))
         return fit_profile(depth, points, traces)
 
     def at_shape(number: int, depth: int) -> StepProfile:

@@ -114,6 +114,8 @@ class _Recorder:
         self.random_elements = 0  # random numbers drawn (dropout's masks): costly per element on a CPU
         self.transcendental_bytes = 0  # of elementwise_bytes, those written by exp/log/erf-like operations
         self.kernels = 0  # operations that launch a kernel (not views, not bare allocations)
+        # The measured step's matmul and attention FLOPs, by torch's formulas (torch.utils.flop_counter), where asked
+        self.flops: dict[str, float] | None = None
         # Shapes of the trainable parameters that receive more than one gradient (a tied head's), and whether
         # autograd is now summing a node's outputs into the gradients waiting for their nodes (see `_sums_in_place`).
         self.shared_shapes: set[tuple[tuple[int, ...], Any]] = set()
@@ -225,9 +227,28 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
                                                      if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()])
                 if kernel:
                     recorder.add("kernels", [1])
+                if recorder.flops is not None:
+                    _count_flops(recorder, func, args, kwargs or {}, out)
             return out
 
     return Recording()
+
+
+def _count_flops(recorder: _Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+    """An operation's FLOPs by torch's formula for it (FlopCounterMode's registry; none for the rest), as
+    attention or matmul; with a reader, also kept as a term. Counted as the step runs: FlopCounterMode itself tracks
+    modules with hooks that keep tensors alive, which would change what checkpointing frees, and would take a pass
+    of its own."""
+    from torch.utils.flop_counter import flop_registry
+
+    formula = flop_registry.get(func.overloadpacket)
+    if formula is None or recorder.flops is None:
+        return
+    count = formula(*args, **kwargs, out_val=out)
+    kind = "attention" if func.overloadpacket.__name__ in _ATTENTION_OPS else "matmul"
+    recorder.flops[kind] += count
+    if recorder.reader is not None:
+        recorder.add(f"flops_{kind}", [int(count)])
 
 
 def _summed_in_place(recorder: _Recorder, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
@@ -834,8 +855,9 @@ def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: st
 def segment_flops(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, autocast: str | None,
                   softcap: float | None, compiled: bool) -> dict[str, float]:
-    """The matmul and attention FLOPs of the loss `variant`'s forward and backward pass at that size (a pass of
-    its own under FlopCounterMode, as trace_step counts a step's)."""
+    """The matmul and attention FLOPs of the loss `variant`'s forward and backward pass at that size, by the formulas
+    trace_step counts a step's with (torch's FlopCounterMode, in a pass of its own: a composed step's figures ask for
+    them, a limit's checks do not)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
@@ -859,30 +881,12 @@ def segment_flops(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: 
 def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
                count_flops: bool = True, reader: Callable[[int], Any] | None = None) -> Trace:
     """Two training steps of `config_data`'s model at micro-batch `batch`, length `seq`; with `count_flops`
-    a third forward and backward pass under FlopCounterMode (`flops` holds matmul and attention FLOPs).
+    `flops` holds the second step's matmul and attention FLOPs (its forward and backward passes).
     With `reader` (for a model at marker dimensions) every summed figure also keeps its terms."""
     with warnings.catch_warnings():
         # Deprecation notices of the libraries traced through are for their maintainers, not our users.
         warnings.simplefilter("ignore")
         return _trace_step(config_data, settings, batch, seq, count_flops, reader)
-
-
-def _flop_counter(recorder: _Recorder) -> Any:
-    """torch's FlopCounterMode; with a reader, one that also keeps each operation's count as a term."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    if recorder.reader is None:
-        return FlopCounterMode(display=False)
-
-    class Counting(FlopCounterMode):
-        def _count_flops(self, func_packet, out, args, kwargs):  # type: ignore[no-untyped-def]
-            if func_packet in self.flop_registry:
-                count = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
-                kind = "attention" if any(name in str(func_packet) for name in _ATTENTION_OPS) else "matmul"
-                recorder.add(f"flops_{kind}", [int(count)])
-            return super()._count_flops(func_packet, out, args, kwargs)
-
-    return Counting(display=False)
 
 
 def optimizer_step(recorder: _Recorder, optimizer: Any, step: int) -> None:
@@ -920,6 +924,7 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
     _fakeify(model, mode)
     recorder = _Recorder()
     recorder.reader = reader
+    recorder.flops = {"matmul": 0.0, "attention": 0.0} if count_flops else None
     if reader is not None:
         parts = fact_parts(model)
         for name in ("quantizable", "trainable"):
@@ -964,31 +969,23 @@ def _trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int
             loss.backward()
 
     try:
-        with mode, _as_on_real_tensors(), _no_gc():
-            with _dispatch_mode(recorder), _active(recorder):
-                recorder.category = "activations"
-                input_ids = torch.zeros((batch, seq), dtype=torch.long)
-                labels = torch.zeros((batch, seq), dtype=torch.long)
-                for step in range(1, STEPS + 1):
-                    recorder.step = step
-                    recorder.phase, recorder.category = "forward", "activations"
-                    recorder.counting = step == STEPS
-                    forward_backward(model, input_ids, labels, precision=settings.precision,
-                                     chunked_loss=settings.loss == "chunked", on_backward=to_backward,
-                                     backward=backward, runner_step=settings.runner_step)
-                    optimizer_step(recorder, optimizer, step)
-                events = recorder.close()
-            # FLOPs in a pass of their own: FlopCounterMode's module tracking keeps tensors alive, which would
-            # change what checkpointing frees in the traced steps.
-            counter = _flop_counter(recorder)
-            if count_flops:
-                with counter:
-                    forward_backward(model, input_ids, labels, precision=settings.precision,
-                                     chunked_loss=settings.loss == "chunked", runner_step=settings.runner_step)
+        with mode, _as_on_real_tensors(), _no_gc(), _dispatch_mode(recorder), _active(recorder):
+            recorder.category = "activations"
+            input_ids = torch.zeros((batch, seq), dtype=torch.long)
+            labels = torch.zeros((batch, seq), dtype=torch.long)
+            for step in range(1, STEPS + 1):
+                recorder.step = step
+                recorder.phase, recorder.category = "forward", "activations"
+                recorder.counting = step == STEPS
+                forward_backward(model, input_ids, labels, precision=settings.precision,
+                                 chunked_loss=settings.loss == "chunked", on_backward=to_backward,
+                                 backward=backward, runner_step=settings.runner_step)
+                optimizer_step(recorder, optimizer, step)
+            events = recorder.close()
     finally:
         head_hook.remove()
         for hook in hooks:
             hook.remove()
-    flops = _split_flops(counter) if count_flops else {}
+    flops = dict(recorder.flops) if recorder.flops is not None else {}
     sums = {name: float(getattr(recorder, name)) for name in SUMMED}
     return Trace(events, facts, {**flops, **sums}, recorder.terms, recorder.unread)

@@ -45,10 +45,8 @@ from tunecast.estimate.diffusion import (
     diffusion_settings,
     diffusion_shape,
     estimate_diffusion_memory,
-    grid_profile,
     largest_fitting,
     step_work,
-    traced_step,
 )
 from tunecast.estimate.memory import MemoryEstimate
 from tunecast.plan.cost import OfferCost, RunShape, price_run
@@ -196,14 +194,11 @@ class DiffusionPlanner:
 
     def _estimate(self, gpu: Gpu, batch: int, checkpointing: bool) -> MemoryEstimate:
         """The step's memory on `gpu`: a replay where the step's profiles are shipped or cached
-        (estimate/diffusion_fit.py), else a trace that counts the step's work too (a pass more, cheaper than a trace
-        again for the shape chosen)."""
+        (estimate/diffusion_fit.py), else a trace, which counts the step's work too."""
         key = (batch, checkpointing, gpu.architecture)  # a GPU enters the estimate by its architecture alone
         if key not in self._memory:
             spec = self.spec.with_changes({"grad_checkpointing": checkpointing, "micro_batch": batch})
             shape = diffusion_shape(spec, self.pipeline)
-            if grid_profile(self.pipeline, diffusion_settings(spec), shape) is None:
-                traced_step(self.pipeline, diffusion_settings(spec), shape, count_flops=True)
             self._memory[key] = estimate_diffusion_memory(self.pipeline, diffusion_settings(spec), shape,
                                                           device="cuda", gpu=gpu, overheads=self.catalog.overheads)
         return self._memory[key]

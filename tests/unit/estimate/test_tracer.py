@@ -151,3 +151,43 @@ def test_optimizer_bytes_follow_the_kernels_each_optimizer_runs() -> None:
     assert 7 * 2 <= fused <= 8 * 2 + 0.01
     assert per_parameter(precision="bf16", optimizer="adamw-foreach") > 2.2 * fused  # many passes, not one
     assert per_parameter(precision="fp32", optimizer="sgd") == pytest.approx(3 * 4, rel=0.01)  # read p, g; write p
+
+
+def _flop_counter_mode(config: dict[str, Any], settings: TraceSettings, batch: int, seq: int) -> dict[str, float]:
+    """The FLOPs of one forward and backward pass counted by torch's FlopCounterMode itself (its module tracking, its
+    decompositions), on the model the tracer builds."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tunecast.estimate import tracer
+    from tunecast.step.forward import forward_backward
+
+    tracer._register_attention_flops()
+    model = tracer.build_training_model(config, settings)
+    mode = FakeTensorMode()
+    tracer._fakeify(model, mode)
+    counter = FlopCounterMode(display=False)
+    with mode, tracer._as_on_real_tensors(), counter:
+        tokens = torch.zeros((batch, seq), dtype=torch.long)
+        forward_backward(model, tokens, tokens, precision=settings.precision, chunked_loss=settings.loss == "chunked",
+                         runner_step=settings.runner_step)
+    return tracer._split_flops(counter)
+
+
+@pytest.mark.parametrize("config, spec", [
+    (tiny_qwen3(num_hidden_layers=2), {"method": "lora", "grad_checkpointing": True}),  # the recomputed forward too
+    (tiny_llama(num_hidden_layers=2), {"method": "full", "loss": "chunked"}),
+    (tiny_llama(num_hidden_layers=2), {"method": "lora", "runner": "trl"}),  # TRL's fused head, under autocast
+])
+def test_the_flops_counted_as_the_step_runs_are_flop_counter_mode_s(config: dict[str, Any],
+                                                                     spec: dict[str, Any]) -> None:
+    """The tracer counts a step's matmul and attention FLOPs in its second step, by the formulas of torch's
+    FlopCounterMode, instead of a pass of their own under it: the same figures as FlopCounterMode counts."""
+    from tunecast.config.runner import apply_runner
+
+    settings = TraceSettings.from_spec(apply_runner(RunSpec.model_validate({"model": "x", **spec})))
+    counted = trace_step(config, settings, 2, 64).flops
+    assert counted["matmul"] > 0 and counted["attention"] > 0
+    assert {kind: counted[kind] for kind in ("matmul", "attention")} == \
+        _flop_counter_mode(config, settings, 2, 64)
