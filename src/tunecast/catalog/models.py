@@ -11,6 +11,7 @@ its own name, since that is the repository the user's weights come from.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -154,6 +155,26 @@ def completed_text_config(data: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(inner, dict) or inner.get("model_type") not in TEXT_CONFIG_DEFAULTS:
         return data
     return {**data, "text_config": {**TEXT_CONFIG_DEFAULTS[inner["model_type"]], **inner}}
+
+
+CONFIG_DEFAULTS_FILE = "config_defaults.json"
+
+
+def class_defaults_table_path() -> Path:
+    return Path(__file__).parent / "data" / CONFIG_DEFAULTS_FILE
+
+
+@functools.lru_cache(maxsize=1)
+def _class_defaults() -> dict[str, dict[str, Any]]:
+    document = json.loads(class_defaults_table_path().read_text(encoding="utf-8"))
+    return document["model_types"]  # type: ignore[no-any-return]
+
+
+def with_class_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """`config` with the entries it leaves out that its config class fills in (data/config_defaults.json, written
+    by scripts/update_config_defaults.py: not the sizes, the depth or what the class derives from them), as
+    transformers reads it; a type the table does not hold unchanged."""
+    return {**_class_defaults().get(str(config.get("model_type")), {}), **config}
 
 
 def file_name_for(model_name: str) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tunecast.catalog.models import with_class_defaults
 from tunecast.config.spec import TORCH_ADAMW, RunSpec
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
@@ -56,7 +57,8 @@ class Shape:
         head_dim = config.get("head_dim") or config["hidden_size"] // heads
         kv_heads = config.get("num_key_value_heads") or heads
         return cls(config["hidden_size"], kv_heads * head_dim, config["intermediate_size"], heads, head_dim,
-                   config["num_hidden_layers"], config["vocab_size"], bool(config.get("tie_word_embeddings")))
+                   config["num_hidden_layers"], config["vocab_size"],
+                   bool(with_class_defaults(config).get("tie_word_embeddings")))
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """(in, out) of each Linear of a layer."""

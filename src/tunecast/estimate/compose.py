@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import Any
 
+from tunecast.catalog.models import with_class_defaults
 from tunecast.estimate import symbols
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, LazyEvents, ProfileEvent, StepProfile, basis
 from tunecast.estimate.tracer import ALLOC, FREE, RECLASS, SEGMENT_MARK, Event, SegmentTrace
@@ -228,7 +229,8 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
     hidden, vocab = int(named["hidden_size"]), int(named["vocab_size"])
     variant = segment_variant(settings)
     inputs_shape, targets_shape = _shapes(variant, batch, seq, hidden)
-    softcap = config.get("final_logit_softcapping") if variant in ("fused-chunks", "loss-chunks") else None
+    softcap = with_class_defaults(config).get("final_logit_softcapping") \
+        if variant in ("fused-chunks", "loss-chunks") else None
     terms = basis(batch, seq)
 
     def at(coefficients: tuple[float, ...]) -> float:

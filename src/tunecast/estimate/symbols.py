@@ -136,7 +136,7 @@ _UNREAD = {"gemma2": frozenset({"sliding_window_size"}), "qwen2": frozenset({"us
 # as many as half the rotated part of a head, so a marker model gets lists of its own length, and only their
 # presence is structure (their numbers scale the frequencies and change no size).
 _PER_FREQUENCY = ("long_factor", "short_factor")
-_DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+DIMENSION_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                    "vocab_size", "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
                    "n_embd", "n_head", "n_inner")
 
@@ -324,7 +324,7 @@ def structure(config: Mapping[str, Any]) -> dict[str, Any]:
     defaults = {**_DEFAULTS.get(model_type, {}), "rope_scaling": None}
     config = {**_STATED.get(model_type, {}), **config}
     kept = {k: v for k, v in config.items()
-            if k not in inert and k not in _DIMENSION_KEYS and not (k in defaults and v == defaults[k])}
+            if k not in inert and k not in DIMENSION_KEYS and not (k in defaults and v == defaults[k])}
     for key in ("rope_scaling", "rope_parameters"):
         scaling = kept.get(key)
         if isinstance(scaling, dict) and any(name in scaling for name in _PER_FREQUENCY):

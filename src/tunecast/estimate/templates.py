@@ -130,7 +130,6 @@ def template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bo
 def _template_key(config_data: dict[str, Any], settings: TraceSettings, multi: bool, above: bool) -> str:
     chosen = depths(config_data)
     shallow = shallow_config_data(config_data, chosen[-1])
-    shape = {k: v for k, v in symbols.structure(shallow).items() if k != "num_hidden_layers"}
     fields = settings.fields()
     if settings.method == "qlora":  # the same step as LoRA's: NF4 weights are modelled on it (memory.py)
         fields["method"] = "lora"
@@ -146,9 +145,54 @@ def _template_key(config_data: dict[str, Any], settings: TraceSettings, multi: b
     regime: dict[str, Any] = {"multi": multi}
     if above:
         regime["above_window"] = True
-    payload = json.dumps({"structure": shape, "settings": fields, **regime, "depths": chosen,
-                          "versions": _versions()}, sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+    def key(shape: dict[str, Any]) -> str:
+        payload = json.dumps({"structure": shape, "settings": fields, **regime, "depths": chosen,
+                              "versions": _versions()}, sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+    own = key(_structure(shallow))
+    if _kept(own):
+        return own
+    # a config that leaves out entries its class fills in (one written by hand, or saved with only what differs)
+    # builds the model of a catalog config that states them: that structure's template serves it
+    return next((alias for shape in _stated_alike(shallow) if _kept(alias := key(shape))), own)
+
+
+def _structure(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in symbols.structure(config).items() if k != "num_hidden_layers"}
+
+
+def _kept(key: str) -> bool:
+    """Whether a template of this key is shipped or cached (a failed one too)."""
+    try:
+        shipped = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz").is_file()
+    except OSError:
+        shipped = False
+    return shipped or cache_path(key).is_file()
+
+
+def _stated_alike(shallow: dict[str, Any]) -> list[dict[str, Any]]:
+    """The structures of the catalog's models of this type that differ from `shallow`'s only in entries one states
+    and the other leaves to its config class's default: the same model as transformers builds it (each taken at
+    `shallow`'s depth)."""
+    from tunecast.catalog.models import with_class_defaults
+    from tunecast.catalog.store import load_catalog
+
+    own = _structure(shallow)
+    filled = _structure(with_class_defaults(shallow))
+    models = load_catalog(None).models
+    found: list[dict[str, Any]] = []
+    for name in models.names:
+        model = models.find(name)
+        data = text_config_data(model.data) if model is not None else {}
+        if data.get("model_type") != shallow.get("model_type"):
+            continue
+        other = shallow_config_data(data, num_layers(shallow))
+        stated = _structure(other)
+        if stated != own and stated not in found and _structure(with_class_defaults(other)) == filled:
+            found.append(stated)
+    return found
 
 
 def template_settings(settings: TraceSettings) -> TraceSettings:

@@ -125,3 +125,25 @@ def test_moe_marker_models_keep_16_byte_strides_and_real_head_sizes() -> None:
     assert values is not None and (values["hd2"], values["x"], values["m"], values["e"], values["k"]) == (16, 8, 96,
                                                                                                           128, 8)
     assert symbols.variable_values({**config, "moe_intermediate_size": 770}, 16, None) is None  # not in units of 8
+
+
+def test_the_config_defaults_table_is_what_transformers_fills_in() -> None:
+    """data/config_defaults.json holds, for each type a template reads, the entries its config class fills in (not
+    the sizes, nor what it derives from them): as the installed transformers builds each class."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from tunecast.catalog.models import class_defaults_table_path
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "update_config_defaults.py"
+    loaded = importlib.util.spec_from_file_location("update_config_defaults", script)
+    assert loaded is not None and loaded.loader is not None
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    shipped = json.loads(class_defaults_table_path().read_text())
+    built = json.loads(json.dumps(module.table(), default=str))
+    assert shipped == built, "run .venv/bin/python scripts/update_config_defaults.py"
+    assert set(shipped["model_types"]) == symbols.DENSE_TYPES | set(symbols.MOE_TYPES)
+    llama = shipped["model_types"]["llama"]
+    assert llama["tie_word_embeddings"] is False and "head_dim" not in llama and "hidden_size" not in llama

@@ -95,6 +95,42 @@ def test_a_template_built_from_one_model_serves_another_of_its_structure(built_f
     assert_exact(second, settings, 2, 40)
 
 
+# Configs as a person writes them by hand (or a tool saves them, with only what differs from the class's defaults):
+# the model type and the sizes, at widths and depths of no catalog model.
+HAND_WRITTEN = {
+    "llama": {"model_type": "llama", "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
+              "num_attention_heads": 12, "num_key_value_heads": 4, "vocab_size": 32000},
+    "mistral": {"model_type": "mistral", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 10,
+                "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32768},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 2432, "num_hidden_layers": 9,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 64000},
+    "qwen3": {"model_type": "qwen3", "hidden_size": 640, "intermediate_size": 1792, "num_hidden_layers": 14,
+              "num_attention_heads": 10, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 50000},
+    "mixtral": {"model_type": "mixtral", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 16,
+                "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+}
+
+
+@pytest.mark.parametrize("family", sorted(HAND_WRITTEN))
+def test_a_config_that_leaves_its_class_defaults_out_is_served_by_the_template_of_its_catalog_structure(
+        family: str) -> None:
+    """Such a config builds the model of the catalog configs that state those defaults (tie_word_embeddings: false,
+    hidden_act: silu, ...): their shipped template serves it, no trace (the class defaults' table,
+    catalog/data/config_defaults.json); for Llama, checked against traces of the config itself."""
+    from tunecast.config.spec import RunSpec
+
+    data = HAND_WRITTEN[family]
+    settings = TraceSettings.from_spec(RunSpec(model="x", method="lora"), config_data=data)
+    stated = templates._structure(shallow_config_data(data, 8))
+    assert templates._stated_alike(shallow_config_data(data, 8)) and not templates._kept(
+        templates.template_key({**data, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, settings, True))
+    pair = profiles.templated_profiles(data, settings, 2, 256, trace=False)  # NeedsTrace where it would trace
+    assert pair is not None and (pair.origin or "").startswith("template"), stated
+    if family == "llama":
+        assert_exact(data, settings, 2, 40)
+
+
 def test_the_defaults_a_structure_leaves_out_are_the_config_classes() -> None:
     from transformers import AutoConfig
 
