@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -44,7 +45,20 @@ def working(message: str) -> Iterator[Status]:
             else:
                 estimate_line(kind, text)
 
-        with listening(hear):
+        @contextmanager
+        def stopped() -> Iterator[None]:  # no refresh thread while the estimate forks (estimate/prewarm.py)
+            # rich's stop() only signals its refresh thread; the thread is waited for here (where rich keeps it
+            # elsewhere, the thread runs on and the estimate does not fork: it solves both limits itself)
+            refresh = getattr(getattr(status, "_live", None), "_refresh_thread", None)
+            status.stop()
+            if isinstance(refresh, threading.Thread):
+                refresh.join()
+            try:
+                yield
+            finally:
+                status.start()
+
+        with listening(hear, stopped):
             yield status
 
 

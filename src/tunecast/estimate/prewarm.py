@@ -117,10 +117,14 @@ def abandon(prewarm: Prewarm | None) -> None:
 def both(first: Callable[[], int], second: Callable[[], int]) -> tuple[int, int]:
     """first() here and second() in a forked process at once (a composed step's two limits: each check a trace of its
     own); second() here after first() where the process cannot be forked or does not answer in time. For the command
-    line's estimates, which started the second process of `start` (a server's threads are not forked)."""
+    line's estimates; a process with threads (a server's, a test runner's) is not forked, as in `start`: its copy
+    could wait for ever on a lock another thread held, and this one for SECOND_TIMEOUT_S on it."""
     if not _can_fork():
         return first(), second()
-    child = _forked(second)
+    with progress.paused():  # the command line's spinner stops its thread while the process forks
+        child = _forked(second) if threading.active_count() == 1 else None
+    if child is None:
+        return first(), second()
     try:
         answer = first()
     except BaseException:

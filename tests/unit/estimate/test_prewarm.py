@@ -79,13 +79,15 @@ def test_a_second_process_that_fails_leaves_this_one_as_it_was(isolated_home: ob
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
-def test_both_limits_at_once_the_second_in_a_forked_process() -> None:
+def test_both_limits_at_once_the_second_in_a_forked_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prewarm.threading, "active_count", lambda: 1)  # the test runner's threads aside
     here = os.getpid()
     assert prewarm.both(lambda: 1, lambda: 2 if os.getpid() != here else -1) == (1, 2)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the second process is forked")
-def test_a_second_limit_whose_process_fails_is_solved_here() -> None:
+def test_a_second_limit_whose_process_fails_is_solved_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prewarm.threading, "active_count", lambda: 1)
     here = os.getpid()
 
     def second() -> int:
@@ -101,8 +103,11 @@ def test_a_process_with_threads_starts_no_second_one() -> None:
     stop = threading.Event()
     waiting = threading.Thread(target=stop.wait)
     waiting.start()
+    here = os.getpid()
     try:
         assert prewarm.start(lambda **shape: 1.0, 80.0, batch=1, seq=512, longest=512) is None
+        # nor does it solve a composed step's second limit in a fork: both here, in turn
+        assert prewarm.both(lambda: 1, lambda: 2 if os.getpid() == here else -1) == (1, 2)
     finally:
         stop.set()
         waiting.join()
@@ -120,6 +125,7 @@ def test_a_first_limit_that_fails_stops_the_second_process(monkeypatch: pytest.M
         return pid
 
     monkeypatch.setattr(prewarm.os, "fork", recorded)
+    monkeypatch.setattr(prewarm.threading, "active_count", lambda: 1)
 
     def first() -> int:
         raise ValueError("the first limit's estimate failed")
@@ -128,3 +134,19 @@ def test_a_first_limit_that_fails_stops_the_second_process(monkeypatch: pytest.M
         prewarm.both(first, lambda: time.sleep(60) or 2)
     with pytest.raises(ChildProcessError):
         os.waitpid(forked[0], os.WNOHANG)  # stopped and waited for, not left running
+
+
+def test_the_command_line_s_spinner_stops_its_thread_while_the_second_limit_forks() -> None:
+    """The spinner `tunecast memory` shows (rich's status) refreshes from a thread of its own: while a composed step's
+    second limit forks (`progress.paused`), that thread is stopped, so the fork copies no lock it holds; the spinner
+    runs again afterwards."""
+    from tunecast.cli.render import working
+    from tunecast.estimate import progress
+
+    before = threading.active_count()
+    with working("estimating"):
+        spinning = threading.active_count()
+        with progress.paused():
+            stopped = threading.active_count()
+        assert threading.active_count() == spinning
+    assert spinning == before + 1 and stopped == before
