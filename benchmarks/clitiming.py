@@ -7,9 +7,12 @@ import subprocess
 import sys
 import time
 
-# Runs the CLI as the console script does, then reports on stderr whether torch got imported.
-PROBE = ("import sys\nsys.argv = ['tunecast', *sys.argv[1:]]\nfrom tunecast.cli import main\ntry:\n    main()\n"
-         "except SystemExit:\n    pass\nsys.stderr.write('\\nTORCH=%s\\n' % ('torch' in sys.modules))\n")
+# Runs the CLI as the console script does, and reports on stderr whether torch got imported, from an exit handler:
+# `memory` and `plan` leave through os._exit once their answer is out (cli/app.py _quick_exit), after the handlers.
+PROBE = ("import atexit, sys\n"
+         "atexit.register(lambda: sys.stderr.write('\\nTORCH=%s\\n' % ('torch' in sys.modules)))\n"
+         "sys.argv = ['tunecast', *sys.argv[1:]]\nfrom tunecast.cli import main\ntry:\n    main()\n"
+         "except SystemExit:\n    pass\n")
 
 
 def timed(args: list[str], cache: str, expect: str) -> tuple[float, bool, str]:
