@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,7 @@ def _structure(config: dict[str, Any]) -> dict[str, Any]:
 def _kept(key: str) -> bool:
     """Whether a template of this key is shipped or cached (a failed one too)."""
     try:
-        shipped = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz").is_file()
+        shipped = _shipped_file(key).is_file()
     except OSError:
         shipped = False
     return shipped or cache_path(key).is_file()
@@ -474,12 +475,17 @@ def cache_path(key: str) -> Path:
     return cache_file("templates", f"{key}.json")
 
 
+def _shipped_file(key: str) -> Traversable:
+    """Where tunecast ships the template of this key (scripts/build_templates.py writes it)."""
+    return resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz")
+
+
 def _shipped(key: str) -> dict[str, Any] | None:
     """A template shipped with tunecast (built by scripts/build_templates.py), or None."""
     try:
         import lzma  # a Python built without liblzma has none: templates are then built on first use
 
-        data = resources.files("tunecast.estimate").joinpath(f"data/templates/{key}.json.xz").read_bytes()
+        data = _shipped_file(key).read_bytes()
     except (OSError, ImportError):
         return None
     loaded: dict[str, Any] = json.loads(lzma.decompress(data))

@@ -227,22 +227,23 @@ def _dispatch_mode(recorder: _Recorder) -> Any:
                                                      if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()])
                 if kernel:
                     recorder.add("kernels", [1])
-                if recorder.flops is not None:
-                    _count_flops(recorder, func, args, kwargs or {}, out)
+                _count_flops(recorder, func, args, kwargs or {}, out)
             return out
 
     return Recording()
 
 
 def _count_flops(recorder: _Recorder, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-    """An operation's FLOPs by torch's formula for it (FlopCounterMode's registry; none for the rest), as
-    attention or matmul; with a reader, also kept as a term. Counted as the step runs: FlopCounterMode itself tracks
-    modules with hooks that keep tensors alive, which would change what checkpointing frees, and would take a pass
-    of its own."""
+    """An operation's FLOPs by torch's formula for it (FlopCounterMode's registry; none for the rest), as attention
+    or matmul, where the recorder counts them; with a reader, also kept as a term. Counted as the step runs:
+    FlopCounterMode itself tracks modules with hooks that keep tensors alive, which would change what checkpointing
+    frees, and would take a pass of its own."""
+    if recorder.flops is None:
+        return
     from torch.utils.flop_counter import flop_registry
 
     formula = flop_registry.get(func.overloadpacket)
-    if formula is None or recorder.flops is None:
+    if formula is None:
         return
     count = formula(*args, **kwargs, out_val=out)
     kind = "attention" if func.overloadpacket.__name__ in _ATTENTION_OPS else "matmul"
@@ -524,16 +525,6 @@ def _register_attention_flops() -> None:
                  is_causal: bool = False, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
         flops = flop_counter.sdpa_backward_flop_count(grad_out, query, key, value)
         return flops // 2 if is_causal else flops
-
-
-def _split_flops(counter: Any) -> dict[str, float]:
-    attention = matmul = 0.0
-    for op, count in counter.get_flop_counts().get("Global", {}).items():
-        if any(name in str(op) for name in _ATTENTION_OPS):
-            attention += count
-        else:
-            matmul += count
-    return {"matmul": matmul, "attention": attention}
 
 
 @contextmanager
@@ -855,27 +846,28 @@ def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: st
 def segment_flops(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, autocast: str | None,
                   softcap: float | None, compiled: bool) -> dict[str, float]:
-    """The matmul and attention FLOPs of the loss `variant`'s forward and backward pass at that size, by the formulas
-    trace_step counts a step's with (torch's FlopCounterMode, in a pass of its own: a composed step's figures ask for
-    them, a limit's checks do not)."""
+    """The matmul and attention FLOPs of the loss `variant`'s forward and backward pass at that size, counted as
+    trace_step counts a step's (`_count_flops`), in a pass of their own: a composed step's figures ask for them, a
+    limit's checks do not."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils.flop_counter import FlopCounterMode
 
     from tunecast.step.loss import segment_total
 
     cast = _torch_dtype(autocast) if autocast is not None else None
-    counter = FlopCounterMode(display=False)
+    recorder = _Recorder()
+    recorder.flops = {"matmul": 0.0, "attention": 0.0}
     with warnings.catch_warnings(), FakeTensorMode(), _no_gc():
         warnings.simplefilter("ignore")
         head = _loss_head(hidden, vocab, weight_dtype, trains, bias, bias_trains=False)
         inputs = torch.empty(inputs_shape, dtype=_torch_dtype(inputs_dtype), requires_grad=True)
-        with counter:
+        with _dispatch_mode(recorder):
+            recorder.counting = True
             with torch.autocast("cpu", dtype=cast, enabled=cast is not None):
                 loss = segment_total(variant, inputs, head, torch.zeros(targets_shape, dtype=torch.long), softcap,
                                      compiled=compiled)
             loss.backward()
-    return _split_flops(counter)
+    return dict(recorder.flops)
 
 
 def trace_step(config_data: dict[str, Any], settings: TraceSettings, batch: int, seq: int, *,
