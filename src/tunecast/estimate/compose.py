@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from tunecast.catalog.models import with_class_defaults
-from tunecast.estimate import symbols
+from tunecast.estimate import progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, LazyEvents, ProfileEvent, StepProfile, basis
 from tunecast.estimate.tracer import ALLOC, FREE, RECLASS, SEGMENT_MARK, Event, SegmentTrace
 from tunecast.step.settings import TraceSettings
@@ -81,6 +81,23 @@ def repeating_once() -> bool:
     return _ONCE.get()
 
 
+_MAY_TRACE: ContextVar[bool] = ContextVar("may_trace", default=True)
+
+
+class WouldTrace(Exception):
+    """Within `tracing(False)`: the loss has no form at this size (forms.py), and would be traced."""
+
+
+@contextlib.contextmanager
+def tracing(allowed: bool) -> Iterator[None]:
+    """Within: the loss is traced where no form holds it only if `allowed`; WouldTrace is raised instead."""
+    token = _MAY_TRACE.set(allowed)
+    try:
+        yield
+    finally:
+        _MAY_TRACE.reset(token)
+
+
 _NEAR: ContextVar[frozenset[tuple[int, int]] | None] = ContextVar("from_near_traces", default=None)
 
 
@@ -132,15 +149,31 @@ def _segment(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[i
 @functools.lru_cache(maxsize=16)
 def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...], hidden: int, vocab: int,
             traced: tuple[Any, ...], backward_category: str, softcap: float | None, compiled: bool,
-            once: bool) -> SegmentTrace:
-    from tunecast.estimate.tracer import trace_segment
+            once: bool, figures: bool = False) -> SegmentTrace:
+    """The loss at this size: from its form where one holds it (forms.py), else traced (with `figures`, traced:
+    a form holds no summed figures)."""
+    from tunecast.estimate import forms
 
     fields = dict(zip(_TRACED, traced, strict=True))
-    segment = trace_segment(variant, inputs_shape=inputs_shape, inputs_dtype=fields["inputs_dtype"],
-                            targets_shape=targets_shape, hidden=hidden, vocab=vocab,
-                            weight_dtype=fields["weight_dtype"], trains=fields["trains"], bias=fields["bias"],
-                            bias_trains=fields["bias_trains"], autocast=fields["autocast"], category=fields["category"],
-                            backward_category=backward_category, softcap=softcap, compiled=compiled, once=once)
+    family = forms.Family(variant, fields["inputs_dtype"], fields["weight_dtype"], fields["trains"], fields["bias"],
+                          fields["bias_trains"], fields["autocast"], fields["category"], backward_category, softcap)
+    may_trace = figures or _MAY_TRACE.get()
+    segment = None if compiled or figures else forms.segment(family, inputs_shape, hidden, vocab, once, may_trace)
+    if segment is None:
+        if not may_trace:
+            raise WouldTrace(f"the loss {variant} has no form at {inputs_shape}")
+        from tunecast.estimate.tracer import trace_segment
+
+        if not once:
+            progress.progress(f"tracing the loss ({variant}) alone at {' × '.join(map(str, inputs_shape))}, which no "
+                              "form holds: a fraction of a second, after importing torch (about 3 s) the first time")
+
+        segment = trace_segment(variant, inputs_shape=inputs_shape, inputs_dtype=fields["inputs_dtype"],
+                                targets_shape=targets_shape, hidden=hidden, vocab=vocab,
+                                weight_dtype=fields["weight_dtype"], trains=fields["trains"], bias=fields["bias"],
+                                bias_trains=fields["bias_trains"], autocast=fields["autocast"],
+                                category=fields["category"], backward_category=backward_category, softcap=softcap,
+                                compiled=compiled, once=once)
     kept = _TRACES.setdefault((variant, hidden, vocab, traced, backward_category, softcap, compiled, once), [])
     if len(kept) >= TRACES_KEPT:
         del kept[0]
@@ -156,7 +189,7 @@ def _structure(segment: SegmentTrace) -> tuple[Any, ...]:
 
     return (events(segment.forward), events(segment.deferred), events(segment.backward), segment.result,
             segment.grads, tuple(sorted(segment.accumulated.items())), tuple(sorted(segment.views.items())),
-            tuple(sorted(segment.externals.items())), tuple(sorted(segment.sums)))
+            tuple(sorted(segment.externals.items())))
 
 
 def _axis(shape: tuple[int, ...], other: tuple[int, ...]) -> int | None:
@@ -205,9 +238,10 @@ def _interpolated(family: tuple[Any, ...], inputs_shape: tuple[int, ...], target
                                                                                   * share)))
                 for e, f in zip(a, b, strict=True)]
 
+    sums = None if one.sums is None or two.sums is None else \
+        {name: value + (two.sums[name] - value) * share for name, value in one.sums.items()}
     return replace(one, forward=sized(one.forward, two.forward), deferred=sized(one.deferred, two.deferred),
-                   backward=sized(one.backward, two.backward),
-                   sums={name: value + (two.sums[name] - value) * share for name, value in one.sums.items()})
+                   backward=sized(one.backward, two.backward), sums=sums)
 
 
 def _marks(step: _Steps) -> dict[int, dict[str, str]]:
@@ -465,8 +499,14 @@ def _figures(profile: StepProfile, segment: SegmentTrace | None, at: Any, varian
         figures[name] = figures.get(name, 0.0) + sum(min(at(a), at(b)) for a, b in pairs)
     if segment is not None:
         first = json.loads(marks[max(marks)]["forward"])
-        loss = {**segment.sums, **_flops(variant, inputs_shape, targets_shape, hidden, vocab,
-                                          tuple(first[name] for name in _TRACED), softcap, compiled)}
+        traced = tuple(first[name] for name in _TRACED)
+        sums = segment.sums
+        if sums is None:  # a loss from its form holds no figures: they take its trace
+            sums = _traced(variant, inputs_shape, targets_shape, hidden, vocab, traced,
+                           json.loads(marks[max(marks)]["backward"])["category"], softcap, compiled, False,
+                           figures=True).sums
+        loss = {**(sums or {}), **_flops(variant, inputs_shape, targets_shape, hidden, vocab, traced, softcap,
+                                         compiled)}
         for name, value in loss.items():
             figures[name] = figures.get(name, 0.0) + value
     return {name: (value, *zeros) for name, value in figures.items()}

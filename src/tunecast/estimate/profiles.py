@@ -276,8 +276,9 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
               seq: int, trace: bool = True) -> ProfilePair | None:
     """`pair` itself, or for a loss composed onto its template (compose.py) the pair at (batch, seq) with that loss
     traced alone in place of its stand-in; None where it does not fit there (the step is then traced). Without
-    `trace`, a loss is traced alone only where this process has traced before (NeedsTrace otherwise): a first trace
-    imports the fake-tensor machinery, seconds that a suggestion (fit.py) is not worth."""
+    `trace`, a loss with no form there (forms.py) is traced alone only where this process has traced before
+    (NeedsTrace otherwise): a first trace imports the fake-tensor machinery, seconds that a suggestion (fit.py) is not
+    worth."""
     from tunecast.estimate import compose
     from tunecast.estimate.tracer import traced_before
 
@@ -285,16 +286,17 @@ def _composed(pair: ProfilePair, config_data: dict[str, Any], settings: TraceSet
         return pair
     once, near = compose.repeating_once(), compose.near_shapes()
     key = (id(pair), settings, batch, seq, once, near)
-    if key not in _COMPOSED and not trace and not traced_before():
-        raise NeedsTrace("the loss would be traced alone, the first trace of this process")
     if key not in _COMPOSED:
         if len(_COMPOSED) >= COMPOSED_KEPT:
             _COMPOSED.clear()
         if near is None:
-            progress.progress(f"composing the loss (traced alone) at micro-batch {batch} × {seq} tokens")
+            progress.progress(f"composing the loss at micro-batch {batch} × {seq} tokens")
         try:
-            profiles = [compose.compose(profile, settings, config_data, batch, seq)
-                        for profile in (pair.shallow, pair.deeper)]
+            with compose.tracing(trace or traced_before()):
+                profiles = [compose.compose(profile, settings, config_data, batch, seq)
+                            for profile in (pair.shallow, pair.deeper)]
+        except compose.WouldTrace as reason:
+            raise NeedsTrace("the loss would be traced alone, the first trace of this process") from reason
         except compose.NotComposable as reason:
             if near is not None:  # a guide only: the step is not traced for it
                 raise compose.NoNearTraces(str(reason)) from reason

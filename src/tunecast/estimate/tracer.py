@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunecast.step.chunking import Chunks
 from tunecast.step.settings import TraceSettings
 
 # Event kinds: allocation, free, and a change of category (a gradient or optimizer state identified).
@@ -728,7 +729,8 @@ class SegmentTrace:
     accumulated: dict[str, int]  # where (an index into backward) the head's weight and bias gradients are complete
     views: dict[str, bool]  # whether each gradient it returns is a view (autograd sums a view out of place)
     externals: dict[int, str]  # keys of tensors the step holds outside the loss: "inputs", "targets", "grad"
-    sums: dict[str, float]  # the figures trace_step sums over a counted pass (bytes written and moved, kernels)
+    sums: dict[str, float] | None  # the figures trace_step sums over a counted pass (bytes written and moved,
+    # kernels); None for a loss evaluated from its form (forms.py), which holds no figures
 
 
 def _torch_dtype(name: str) -> Any:
@@ -752,10 +754,11 @@ def _loss_head(hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: b
 def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                   hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
                   autocast: str | None, category: str, backward_category: str, softcap: float | None,
-                  compiled: bool, once: bool = False) -> SegmentTrace:
+                  compiled: bool, once: bool = False, chunks: Chunks | None = None) -> SegmentTrace:
     """Trace the loss `variant` (step/loss.py SEGMENT_LOSSES) alone on fake tensors of the real size, as it runs
     in a traced step: its inputs held by the step, its result's gradient made by the step's backward pass. `once`:
-    its repeated chunks run once (step/observer.py REPEATS_ONCE), for its memory alone."""
+    its repeated chunks run once (step/observer.py REPEATS_ONCE), for its memory alone. `chunks`: the chunks it
+    runs, where not the runner's own (a form's read at marker lengths, forms.py)."""
     from tunecast.step import observer
 
     observer.REPEATS_ONCE = once
@@ -763,7 +766,8 @@ def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return _trace_segment(variant, inputs_shape, inputs_dtype, targets_shape, hidden, vocab, weight_dtype,
-                                  trains, bias, bias_trains, autocast, category, backward_category, softcap, compiled)
+                                  trains, bias, bias_trains, autocast, category, backward_category, softcap, compiled,
+                                  chunks)
     finally:
         observer.REPEATS_ONCE = False
 
@@ -771,7 +775,7 @@ def trace_segment(variant: str, *, inputs_shape: tuple[int, ...], inputs_dtype: 
 def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: str, targets_shape: tuple[int, ...],
                    hidden: int, vocab: int, weight_dtype: str, trains: bool, bias: bool, bias_trains: bool,
                    autocast: str | None, category: str, backward_category: str, softcap: float | None,
-                   compiled: bool) -> SegmentTrace:
+                   compiled: bool, chunks: Chunks | None) -> SegmentTrace:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -798,7 +802,7 @@ def _trace_segment(variant: str, inputs_shape: tuple[int, ...], inputs_dtype: st
         start = len(recorder.events)
         with _dispatch_mode(recorder), torch.autocast("cpu", dtype=cast, enabled=cast is not None):
             recorder.counting = True
-            result = segment_total(variant, inputs, head, targets, softcap, compiled=compiled)
+            result = segment_total(variant, inputs, head, targets, softcap, compiled=compiled, chunks=chunks)
             recorder.counting = False
             forward_end = len(recorder.events)
         deferred_end = len(recorder.events)

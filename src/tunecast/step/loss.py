@@ -9,6 +9,7 @@ chunk's logits exist at a time (the approach of torchtune's chunked cross-entrop
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,24 +18,11 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from tunecast.step import observer
+from tunecast.step.chunking import LOSS_CHUNKS, Chunks, chunks_of, split
 from tunecast.step.setup import decoder_and_head
 from tunecast.step.variants import SEGMENT_LOSSES, STUB_CALLS_HEAD, STUB_INPUTS, STUBS
 
 IGNORE_INDEX = -100
-LOSS_CHUNKS = 8
-# Other tools' losses without full logits, traced to estimate them (step/variants.py STEP_VARIANTS): TRL's
-# fused LM head projects 4,096 tokens × 32,768 vocabulary entries at a time (trl/kernels/chunked_logprob.py
-# TOKEN_CHUNK_SIZE; trl/trainer/utils.py _CHUNKED_LOGPROB_CHUNK_SIZE); torchtune's LinearCrossEntropyLoss projects
-# the trained tokens in 8 chunks (num_output_chunks).
-TRL_TILE_TOKENS = 4096
-TRL_TILE_VOCAB = 32768
-TORCHTUNE_CHUNKS = 8
-# TRL 1.7-1.14's chunked_nll takes the loss 256 trained tokens at a time (trl/trainer/sft_trainer.py
-# _CHUNKED_LM_HEAD_CHUNK_SIZE).
-TRL_CHUNK_TOKENS = 256
-# unsloth's fused cross-entropy sizes its chunks so that one chunk's fp32 logits take at most min(half the free
-# device memory, 4 GiB) (unsloth_zoo/fused_losses/cross_entropy_loss.py); the trace assumes the 4 GiB.
-UNSLOTH_CHUNK_BYTES = 4 * 2**30
 
 
 def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *, chunked: bool,
@@ -78,7 +66,8 @@ def causal_lm_loss(model: Any, input_ids: torch.Tensor, labels: torch.Tensor, *,
     hidden = decoder(**inputs).last_hidden_state  # (batch, seq, hidden)
     shifted = _next_tokens(labels)
     softcap = getattr(decoder.config, "final_logit_softcapping", None)
-    return _per_item(_chunked_total(hidden, head, shifted, LOSS_CHUNKS, softcap), shifted, num_items)
+    return _per_item(_chunked_total(hidden, head, shifted, split(hidden.shape[1], LOSS_CHUNKS), softcap), shifted,
+                     num_items)
 
 
 @contextlib.contextmanager
@@ -116,12 +105,14 @@ def shifted_copy_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: in
     return loss / num_items_in_batch if num_items_in_batch is not None else loss
 
 
-def _chunked_total(hidden: torch.Tensor, head: Any, shifted: torch.Tensor, chunks: int,
+def _chunked_total(hidden: torch.Tensor, head: Any, shifted: torch.Tensor, lengths: tuple[int, ...],
                    softcap: float | None) -> torch.Tensor:
-    """The summed loss of `chunks` chunks along the sequence, each chunk's logits recomputed in the backward pass."""
+    """The summed loss of chunks of `lengths` along the sequence, each chunk's logits recomputed in the backward
+    pass."""
     total = hidden.new_zeros((), dtype=torch.float32)
-    for hidden_chunk, label_chunk in observer.chunks_run(list(zip(hidden.chunk(chunks, dim=1),
-                                                                  shifted.chunk(chunks, dim=1), strict=True))):
+    lengths = observer.pieces(lengths)
+    for hidden_chunk, label_chunk in observer.chunks_run(list(zip(hidden.split(list(lengths), dim=1),
+                                                                  shifted.split(list(lengths), dim=1), strict=True))):
         total = total + checkpoint(_chunk_loss, head, hidden_chunk, label_chunk, softcap, use_reentrant=False)
     return total
 
@@ -173,32 +164,36 @@ def _own_loss(model: Any, inputs: dict[str, Any], labels: torch.Tensor, num_item
 
 
 def segment_total(variant: str, inputs: torch.Tensor, head: Any, targets: torch.Tensor, softcap: float | None, *,
-                  compiled: bool = False) -> torch.Tensor:
+                  compiled: bool = False, chunks: Chunks | None = None) -> torch.Tensor:
     """The summed loss of `variant` (one of SEGMENT_LOSSES) over `inputs` (the trained tokens' hidden states, or
     the hidden states for `fused-chunks`) and their `targets`: the part of the step a template cannot hold.
-    `compiled`: torchtune's chunks' cross-entropy under torch.compile (`compiled-loss`)."""
-    if variant == "fused-chunks":
-        vocab = int(head.weight.shape[0])
-        chunks = max(1, -(-inputs.shape[0] * inputs.shape[1] * vocab * 4 // UNSLOTH_CHUNK_BYTES))
-        return _chunked_total(inputs, head, targets, chunks, softcap)
-    if variant == "loss-chunks":
-        return _chunked_total(inputs, head, targets, LOSS_CHUNKS, softcap)
+    `compiled`: torchtune's chunks' cross-entropy under torch.compile (`compiled-loss`). `chunks`: the chunks it
+    runs, as the runner splits them (step/chunking.py) unless given (a form's read, estimate/forms.py)."""
+    if chunks is None:
+        chunks = chunks_of(variant, tuple(inputs.shape), int(head.weight.shape[0]))
+    if variant in ("fused-chunks", "loss-chunks"):
+        return _chunked_total(inputs, head, targets, chunks.rows, softcap)
     if variant == "fused-head":
-        return FusedHeadLoss.apply(inputs, head.weight, targets)
+        return FusedHeadLoss.apply(inputs, head.weight, targets, chunks)
     total = inputs.new_zeros((), dtype=torch.float32)
     if variant == "trl-chunks":
-        for first in observer.chunks_run(range(0, inputs.shape[0], TRL_CHUNK_TOKENS)):
-            rows = slice(first, first + TRL_CHUNK_TOKENS)
+        for first, length in observer.chunks_run(_offsets(chunks.rows)):
+            rows = slice(first, first + length)
             loss, _, _ = checkpoint(_trl_chunk, inputs[rows], head.weight, targets[rows], use_reentrant=False)
             total = total + loss
         return total
     # every chunk's logits are kept for the backward pass: not chunks that repeat (observer.chunks_run), and 8 at most
-    for chunk, target in zip(inputs.chunk(TORCHTUNE_CHUNKS), targets.chunk(TORCHTUNE_CHUNKS), strict=True):
+    for chunk, target in zip(inputs.split(list(chunks.rows)), targets.split(list(chunks.rows)), strict=True):
         if compiled:  # torchtune compiles each chunk's cross-entropy
             total = total + CompiledCrossEntropy.apply(head(chunk), target)
         else:
             total = total + F.cross_entropy(head(chunk).float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
     return total
+
+
+def _offsets(lengths: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Each chunk's (first index, length)."""
+    return list(zip(itertools.accumulate(lengths, initial=0), lengths, strict=False))
 
 
 class SegmentStub(torch.autograd.Function):  # type: ignore[misc]
@@ -260,7 +255,8 @@ def _trl_head_without_triton(tokens: torch.Tensor, weight: torch.Tensor, targets
         from trl.kernels.chunked_logprob import ChunkedLogProbFunction
         from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE
     except ImportError:
-        return FusedHeadLoss.apply(tokens, weight, targets)
+        return FusedHeadLoss.apply(tokens, weight, targets, chunks_of("fused-head", tuple(tokens.shape),
+                                                                       int(weight.shape[0])))
     log_probs = ChunkedLogProbFunction.apply(tokens, weight, None, targets.clamp(min=0), 1.0,
                                              _CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, ("entropy", "is_top1"))[0]
     return -log_probs.masked_fill(targets == IGNORE_INDEX, 0).sum()
@@ -274,18 +270,19 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
     arithmetic (TRL's kernel also folds the entropy and accuracy in)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                chunks: Chunks) -> torch.Tensor:
         dtype = torch.get_autocast_dtype(hidden.device.type) if torch.is_autocast_enabled(hidden.device.type) \
             else hidden.dtype
         count = hidden.shape[0]
         log_z = torch.full((count,), float("-inf"), device=hidden.device, dtype=torch.float32)
         target_logit = torch.zeros((count,), device=hidden.device, dtype=torch.float32)
-        tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
-        for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
-            last = min(first + TRL_TILE_TOKENS, count)
+        tile = torch.empty(chunks.tile, device=hidden.device, dtype=dtype)
+        for first, rows_in in observer.chunks_run(_offsets(chunks.rows)):
+            last = first + rows_in
             rows = hidden[first:last].to(dtype)
-            for start in observer.chunks_run(range(0, weight.shape[0], TRL_TILE_VOCAB)):
-                end = min(start + TRL_TILE_VOCAB, weight.shape[0])
+            for start, width in observer.chunks_run(_offsets(chunks.columns)):
+                end = start + width
                 logits = tile[: last - first, : end - start]
                 torch.mm(rows, weight[start:end].to(dtype).t(), out=logits)
                 log_z[first:last] = torch.logaddexp(log_z[first:last], torch.logsumexp(logits, dim=-1).float())
@@ -293,23 +290,22 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
                 picked = logits.gather(1, column[:, None]).squeeze(1).float()
                 target_logit[first:last] += torch.where(inside, picked, 0.0)
         ctx.save_for_backward(hidden, weight, targets, log_z)
-        ctx.dtype = dtype
+        ctx.dtype, ctx.chunks = dtype, chunks
         return torch.where(targets != IGNORE_INDEX, log_z - target_logit, 0.0).sum()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
         hidden, weight, targets, log_z = ctx.saved_tensors
-        dtype = ctx.dtype
-        count = hidden.shape[0]
+        dtype, chunks = ctx.dtype, ctx.chunks
         grad_hidden = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32)
         grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) \
             if ctx.needs_input_grad[1] else None
-        tile = torch.empty((min(count, TRL_TILE_TOKENS), TRL_TILE_VOCAB), device=hidden.device, dtype=dtype)
-        for first in observer.chunks_run(range(0, count, TRL_TILE_TOKENS)):
-            last = min(first + TRL_TILE_TOKENS, count)
+        tile = torch.empty(chunks.tile, device=hidden.device, dtype=dtype)
+        for first, rows_in in observer.chunks_run(_offsets(chunks.rows)):
+            last = first + rows_in
             rows = hidden[first:last].to(dtype)
-            for start in observer.chunks_run(range(0, weight.shape[0], TRL_TILE_VOCAB)):
-                end = min(start + TRL_TILE_VOCAB, weight.shape[0])
+            for start, width in observer.chunks_run(_offsets(chunks.columns)):
+                end = start + width
                 block = weight[start:end].to(dtype)
                 logits = tile[: last - first, : end - start]
                 torch.mm(rows, block.t(), out=logits)
@@ -320,7 +316,8 @@ class FusedHeadLoss(torch.autograd.Function):  # type: ignore[misc]
                 grad_hidden[first:last] += logits @ block  # fp32 accumulation (CUDA: addmm with out_dtype)
                 if grad_weight is not None:
                     grad_weight[start:end] += logits.t() @ rows
-        return (grad_hidden.to(hidden.dtype), None if grad_weight is None else grad_weight.to(weight.dtype), None)
+        return (grad_hidden.to(hidden.dtype), None if grad_weight is None else grad_weight.to(weight.dtype), None,
+                None)
 
 
 def _in_tile(targets: torch.Tensor, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:

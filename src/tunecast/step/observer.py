@@ -38,3 +38,13 @@ def chunks_run(chunks: Sequence[T]) -> Sequence[T]:
     if not REPEATS_ONCE or len(chunks) <= 3:
         return chunks
     return [chunks[0], chunks[1], chunks[-1]]
+
+
+def pieces(lengths: tuple[int, ...]) -> tuple[int, ...]:
+    """The lengths a loss splits a tensor into when chunks_run runs some of them: all, or under REPEATS_ONCE (more
+    than three) the first two, those between as one piece (not run), and the last. The backward pass of a split
+    makes zeros for each piece that was not run: as many bytes at once either way, and the same events at any
+    number of chunks (estimate/forms.py)."""
+    if not REPEATS_ONCE or len(lengths) <= 3:
+        return lengths
+    return (lengths[0], lengths[1], sum(lengths[2:-1]), lengths[-1])

@@ -13,7 +13,7 @@ from tunecast.config.runner import RUNNERS, apply_runner, runner_defaults
 from tunecast.config.spec import Runner, RunSpec
 from tunecast.estimate.profile import profile_from_trace, replay
 from tunecast.estimate.tracer import ALLOC, trace_step
-from tunecast.step import loss
+from tunecast.step import chunking, loss
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import build_meta_model
 from tunecast.step.variants import CHUNKING_VARIANTS, OWN_LOSSES, STEP_VARIANTS, runner_notes, runner_step
@@ -111,28 +111,27 @@ def test_losses_without_full_logits_hold_less_than_the_standard_loss(variant: st
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     config = tiny_llama(num_hidden_layers=2, vocab_size=70000)  # three TRL tiles of the vocabulary
     # unsloth's chunks hold at most 4 GiB of fp32 logits: here a quarter of this step's, so four chunks
-    monkeypatch.setattr(loss, "UNSLOTH_CHUNK_BYTES", BATCH * SEQ * config["vocab_size"] * 4 // 4)
+    monkeypatch.setattr(chunking, "UNSLOTH_CHUNK_BYTES", BATCH * SEQ * config["vocab_size"] * 4 // 4)
     _, standard = traced(config, settings_of(method="lora"))
     trace, chunked = traced(config, replace(settings_of(method="lora"), runner_step=(variant,)))
     full_logits = BATCH * SEQ * config["vocab_size"] * 2
     largest = max(e.nbytes for e in trace.events if e.kind == ALLOC and e.category != "weights")
     if variant == "fused-head":
-        assert largest <= min(BATCH * (SEQ - 1), loss.TRL_TILE_TOKENS) * loss.TRL_TILE_VOCAB * 4
+        assert largest <= min(BATCH * (SEQ - 1), chunking.TRL_TILE_TOKENS) * chunking.TRL_TILE_VOCAB * 4
     else:
         assert largest < full_logits
     peak = max(p.allocated for p in chunked.phases.values())
     assert peak < max(p.allocated for p in standard.phases.values())
 
 
-def test_fused_head_loss_equals_cross_entropy_and_its_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loss, "TRL_TILE_TOKENS", 5)
-    monkeypatch.setattr(loss, "TRL_TILE_VOCAB", 7)
+def test_fused_head_loss_equals_cross_entropy_and_its_gradients() -> None:
     torch.manual_seed(0)
     hidden = torch.randn(12, 4, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(20, 4, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 20, (12,))
     targets[3] = loss.IGNORE_INDEX
-    fused = loss.FusedHeadLoss.apply(hidden, weight, targets)
+    # tiles of 5 tokens × 7 entries: the last of each partial
+    fused = loss.FusedHeadLoss.apply(hidden, weight, targets, chunking.Chunks((5, 5, 2), (7, 7, 6), (5, 7)))
     fused.backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
@@ -191,7 +190,7 @@ def test_trl_on_the_cpu_traces_its_own_fallback_head() -> None:
     config = tiny_llama(num_hidden_layers=2, vocab_size=40000)  # two TRL tiles of the vocabulary
     _, on_gpu = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head",)))
     _, fallback = traced(config, replace(settings_of(method="lora"), runner_step=("fused-head-cpu",)))
-    tile = BATCH * (SEQ - 1) * loss.TRL_TILE_VOCAB * 4  # one fp32 tile-sized temporary
+    tile = BATCH * (SEQ - 1) * chunking.TRL_TILE_VOCAB * 4  # one fp32 tile-sized temporary
     assert (max(p.allocated for p in fallback.phases.values())
             > max(p.allocated for p in on_gpu.phases.values()) + tile)
 

@@ -17,7 +17,7 @@ from tunecast.config.spec import RunSpec
 from tunecast.config.versions import VersionRange, compare, parse_version
 from tunecast.estimate.profile import profile_from_trace, replay
 from tunecast.estimate.tracer import ALLOC, trace_step
-from tunecast.step import loss
+from tunecast.step import chunking, loss
 from tunecast.step.settings import TraceSettings
 from tunecast.step.shape import build_meta_model
 from tunecast.step.variants import STEP_VARIANTS, runner_notes, runner_step
@@ -198,7 +198,7 @@ def test_trl_token_accuracy_copies_the_logits_after_the_loss() -> None:
 def test_trl_chunked_loss_holds_a_chunk_of_logits_and_the_head_in_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chunk's fp32 logits at a time (with an fp32 copy of the head): less than the full logits' loss once there
     are several chunks (at a chunk's length or less it holds more: fp32 logits of every token)."""
-    monkeypatch.setattr(loss, "TRL_CHUNK_TOKENS", 32)  # eight chunks of this step's tokens
+    monkeypatch.setattr(chunking, "TRL_CHUNK_TOKENS", 32)  # eight chunks of this step's tokens
     config = tiny_llama(num_hidden_layers=2, vocab_size=8192)
     base = TraceSettings.from_spec(spec_of(method="lora"))
     _, standard = traced(config, base)
