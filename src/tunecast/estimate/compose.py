@@ -1,14 +1,15 @@
-"""Steps whose loss a template cannot hold, composed: the template of the rest of the step, and the loss traced
-alone at the asked shape.
+"""Steps whose loss a template cannot hold, composed: the template of the rest of the step, and the loss alone at
+the asked shape.
 
 TRL's fused LM head, TRL 1.7-1.14's chunked loss, torchtune's LinearCrossEntropyLoss and unsloth's fused
 cross-entropy (step/variants.py SEGMENT_LOSSES) split the logits into chunks whose number follows the length, which
 no polynomial in the length holds. Everything else in such a step is what a template holds: so the template is
 built with a stand-in for the loss (step/loss.py SegmentStub), which keeps the loss's inputs as the loss does, marks
-where the loss runs in each pass, and allocates its result and its gradients. An estimate at (b, s) traces the loss
-alone on fake tensors of that size (tracer.trace_segment: no model, a fraction of a second) and puts its events in
-place of each mark, its result and gradients where the stand-in's were, and the frees it makes of the step's
-tensors (its inputs, its incoming gradient) where it makes them. The profiles hold that one shape; a sweep composes
+where the loss runs in each pass, and allocates its result and its gradients. An estimate at (b, s) takes the loss
+alone at that size, from its form where one holds it (forms.py: no torch), else traced on fake tensors of that size
+(tracer.trace_segment: no model, a fraction of a second), and puts its events in place of each mark: its result
+and gradients where the stand-in's were, and the frees it makes of the step's tensors (its inputs, its incoming
+gradient) where it makes them. The profiles hold that one shape; a sweep composes
 each shape it asks for. `tests/unit/estimate/test_compose.py` checks composed profiles against direct traces of the
 runners' steps, event by event.
 """

@@ -39,9 +39,8 @@ _TILE, _TILE_LAST = "e", "i"  # TRL's fused head: a vocabulary tile's width, the
 # The vocabulary tiles a form of TRL's whole fused head holds (every one run, where its rows take at most three
 # tiles): 8 tiles of 32,768 entries hold Gemma's 262,144.
 _TILES = 8
-# Primes the markers are drawn from: above 7, so that none is taken for a constant (symbols._CONSTANTS).
-_POOL = tuple(n for n in range(11, 20000) if all(n % d for d in range(2, int(n ** 0.5) + 1)))
-_PRIMES = frozenset(_POOL)
+# Markers are drawn from the primes above 7, so that none is taken for a constant (symbols._CONSTANTS), below this.
+_POOL_END = 20000
 _LONG = 1000  # chunks and tiles are drawn above this, the pieces that end them below
 SHIPPED = "loss-forms.json.xz"  # built by scripts/build_loss_forms.py
 FORMAT = 2  # raised when a form's reading changes (or step/loss.py's losses do): shipped forms of another are not used
@@ -215,16 +214,23 @@ Markers = tuple[dict[str, int], tuple[int, ...], tuple[int, ...], Chunks]
 """(the marker value of each size, the inputs' shape, the targets' shape, the chunks)."""
 
 
+@functools.cache
+def _primes() -> tuple[int, ...]:
+    return tuple(n for n in range(11, _POOL_END) if all(n % d for d in range(2, int(n ** 0.5) + 1)))
+
+
 def _markers(variant: str, shape: Layout, avoid: frozenset[int]) -> Markers | None:
     """Marker sizes in this layout, none of them in `avoid`: distinct primes above 7, and each length that is a sum
     of chunks a prime times a power of two (so that it factors on its own); None where the pool runs out."""
     runs, tiles, ones = shape
     used = set(avoid)
+    pool = _primes()
+    primes = frozenset(pool)
 
     def take(low: int = 0) -> int:
         """The first unused prime of the pool above `low`: chunks and tiles are drawn above the pieces that end
         them, since no last chunk is longer than the others."""
-        value = next(p for p in _POOL if p > low and p not in used)
+        value = next(p for p in pool if p > low and p not in used)
         used.add(value)
         return value
 
@@ -235,12 +241,12 @@ def _markers(variant: str, shape: Layout, avoid: frozenset[int]) -> Markers | No
 
     def private(total: int) -> bool:
         """Whether a length that is a sum factors on its own: an unused prime times a power of two."""
-        return core(total) in _PRIMES and core(total) not in used and total not in used
+        return core(total) in primes and core(total) not in used and total not in used
 
     def sum_of(parts: int, *fixed: int) -> tuple[int, int]:
         """A last piece (an unused prime below `fixed[0]`) that makes `parts` pieces of `fixed[0]` plus `fixed[1:]`
         a length that factors on its own: (last, length)."""
-        for last in _POOL:
+        for last in pool:
             if last >= fixed[0]:
                 break
             total = parts * fixed[0] + sum(fixed[1:]) + last
@@ -252,7 +258,7 @@ def _markers(variant: str, shape: Layout, avoid: frozenset[int]) -> Markers | No
     def chunk_before_one(parts: int, rest: int) -> tuple[int, int]:
         """A chunk length (an unused prime above _LONG) that makes `parts` chunks of it, `rest` and a last chunk of
         one a length that factors on its own: (chunk, length)."""
-        for chunk in _POOL:
+        for chunk in pool:
             total = parts * chunk + rest + 1
             if chunk > _LONG and chunk not in used and private(total):
                 used.update((chunk, total, core(total)))

@@ -704,8 +704,8 @@ def estimate_memory(spec: RunSpec, config_data: dict[str, Any], *, device: str, 
     if spec.attention == "flash":
         step.notes.append("flash attention traced as SDPA (neither stores the seq × seq scores)")
     if composed:
-        step.notes.append("the loss traced alone at this shape, in place of its stand-in in the step's template "
-                          "(its chunks follow the length)")
+        step.notes.append("the loss taken alone at this shape (from its forms, or traced), in place of its stand-in "
+                          "in the step's template (its chunks follow the length)")
     elif traced_at is not None:
         step.notes.append("traced at this exact shape (operations differed between shapes)")
     from tunecast.step.variants import runner_notes
