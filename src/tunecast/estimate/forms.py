@@ -37,8 +37,8 @@ _BATCH, _LENGTH, _HIDDEN, _VOCAB = "b", "s", "x", "V"
 _CHUNK, _LAST, _REST = "k", "m", "r"  # a chunk's length, the last chunk's, the chunks not run as one piece
 _TILE, _TILE_LAST = "e", "i"  # TRL's fused head: a vocabulary tile's width, the last tile's
 # The vocabulary tiles a form of TRL's whole fused head holds (every one run, where its rows take at most three
-# tiles): 8 tiles of 32,768 entries hold Gemma's 262,144.
-_TILES = 8
+# tiles): 10 tiles of 32,768 entries hold Gemma 3's 262,208 (9 tiles).
+_TILES = 10
 # Markers are drawn from the primes above 7, so that none is taken for a constant (symbols._CONSTANTS), below this.
 _POOL_END = 20000
 _LONG = 1000  # chunks and tiles are drawn above this, the pieces that end them below
@@ -47,7 +47,7 @@ FORMAT = 2  # raised when a form's reading changes (or step/loss.py's losses do)
 
 Layout = tuple[int, int, tuple[str, ...]]
 """(chunks the loss runs: 1, 2, 3, or 4 for three and a piece not run; for torchtune every chunk, up to 8;
-vocabulary tiles of TRL's fused head: 1, 2 or 3, or 4 to 8 where every tile runs, else 0; the sizes that are 1 of
+vocabulary tiles of TRL's fused head: 1, 2 or 3, or 4 to 10 where every tile runs, else 0; the sizes that are 1 of
 _ONES: a dimension of one is no size like the others, torch makes views where it copies others and broadcasts it)."""
 _ONES = (_BATCH, _LAST)  # a micro-batch of one; a last chunk of one token (or position)
 
