@@ -17,6 +17,7 @@ import lzma
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tunecast.catalog.models import with_class_defaults
 from tunecast.catalog.store import load_catalog
@@ -29,12 +30,12 @@ from tunecast.step.variants import STUBS
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "src" / "tunecast" / "estimate" / "data" / "templates"
 OUT = REPO / "src" / "tunecast" / "estimate" / "data" / forms.SHIPPED
-SOFTCAPPED = ("fused-chunks", "loss-chunks")  # the losses that cap their logits where the model does
 
 
-def _marks() -> set[tuple[str, ...]]:
-    """Each pass pair of the shipped templates' marks: (stub, forward mark's traced fields, backward's category)."""
-    found: set[tuple[str, ...]] = set()
+def _marks() -> set[tuple[str, tuple[Any, ...], str]]:
+    """Each pass pair of the shipped templates' marks: (stub, the forward mark's fields of forms.TRACED, the backward
+    mark's category)."""
+    found: set[tuple[str, tuple[Any, ...], str]] = set()
     for path in sorted(TEMPLATES.glob("*.json.xz")):
         text = lzma.decompress(path.read_bytes()).decode()
         if SEGMENT_MARK not in text:
@@ -47,12 +48,9 @@ def _marks() -> set[tuple[str, ...]]:
                 if mark["part"] == "forward":
                     forward = mark
                 elif mark["part"] == "backward" and forward is not None:
-                    found.add((forward["stub"], json.dumps([forward[name] for name in _FIELDS]), mark["category"]))
+                    found.add((forward["stub"], tuple(forward[name] for name in forms.TRACED), mark["category"]))
                     forward = None
     return found
-
-
-_FIELDS = ("inputs_dtype", "weight_dtype", "trains", "bias", "bias_trains", "autocast", "category")
 
 
 def main() -> int:
@@ -61,12 +59,11 @@ def main() -> int:
                          and (cap := with_class_defaults(text_config_data(model.data)).get("final_logit_softcapping"))}
     families: set[forms.Family] = set()
     for stub, fields, backward in _marks():
-        values = dict(zip(_FIELDS, json.loads(fields), strict=True))
         for variant in (v for v, s in STUBS.items() if s == stub):
-            for softcap in softcaps if variant in SOFTCAPPED else {None}:
-                families.add(forms.Family(variant, values["inputs_dtype"], values["weight_dtype"], values["trains"],
-                                          values["bias"], values["bias_trains"], values["autocast"],
-                                          values["category"], backward, softcap))
+            # the losses over the hidden states cap their logits where the model does (compose.py)
+            for softcap in softcaps if variant in forms.HIDDEN_INPUTS else {None}:
+                families.add(forms.Family.of(variant, dict(zip(forms.TRACED, fields, strict=True)), backward,
+                                             softcap))
     built: dict[str, dict[str, object]] = {}
     missing = 0
     started = time.perf_counter()

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from tunecast.catalog.models import with_class_defaults
-from tunecast.estimate import progress, symbols
+from tunecast.estimate import forms, progress, symbols
 from tunecast.estimate.profile import BASIS_NAMES, EventColumns, LazyEvents, ProfileEvent, StepProfile, basis
 from tunecast.estimate.tracer import ALLOC, FREE, RECLASS, SEGMENT_MARK, Event, SegmentTrace
 from tunecast.step.settings import TraceSettings
@@ -125,9 +125,6 @@ def near_shapes() -> frozenset[tuple[int, int]] | None:
     return _NEAR.get()
 
 
-# What of a mark the loss's trace depends on (not the keys of the step's tensors, which differ with depth).
-_TRACED = ("inputs_dtype", "weight_dtype", "trains", "bias", "bias_trains", "autocast", "category")
-
 # The losses traced in this process, by what their trace depends on besides its size: (inputs' shape, targets' shape,
 # the events' structure, the trace). What `_interpolated` interpolates between.
 _TRACES: dict[tuple[Any, ...], list[tuple[tuple[int, ...], tuple[int, ...], tuple[Any, ...], SegmentTrace]]] = {}
@@ -137,7 +134,7 @@ TRACES_KEPT = 64  # per loss
 def _segment(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[int, ...], hidden: int, vocab: int,
              forward: str, backward: str, softcap: float | None, compiled: bool) -> SegmentTrace:
     first, second = json.loads(forward), json.loads(backward)
-    traced = tuple(first[name] for name in _TRACED)
+    traced = tuple(first[name] for name in forms.TRACED)
     near = _NEAR.get()
     if near is not None:
         among = {_shapes(variant, batch, seq, hidden) for batch, seq in near}
@@ -153,11 +150,8 @@ def _traced(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[in
             once: bool, figures: bool = False) -> SegmentTrace:
     """The loss at this size: from its form where one holds it (forms.py), else traced (with `figures`, traced:
     a form holds no summed figures)."""
-    from tunecast.estimate import forms
-
-    fields = dict(zip(_TRACED, traced, strict=True))
-    family = forms.Family(variant, fields["inputs_dtype"], fields["weight_dtype"], fields["trains"], fields["bias"],
-                          fields["bias_trains"], fields["autocast"], fields["category"], backward_category, softcap)
+    fields = dict(zip(forms.TRACED, traced, strict=True))
+    family = forms.Family.of(variant, fields, backward_category, softcap)
     may_trace = figures or _MAY_TRACE.get()
     segment = None if compiled or figures else forms.segment(family, inputs_shape, hidden, vocab, once, may_trace)
     if segment is None:
@@ -265,7 +259,7 @@ def compose(profile: StepProfile, settings: TraceSettings, config_data: dict[str
     variant = segment_variant(settings)
     inputs_shape, targets_shape = _shapes(variant, batch, seq, hidden)
     softcap = with_class_defaults(config).get("final_logit_softcapping") \
-        if variant in ("fused-chunks", "loss-chunks") else None
+        if variant in forms.HIDDEN_INPUTS else None
     terms = basis(batch, seq)
 
     def at(coefficients: tuple[float, ...]) -> float:
@@ -500,7 +494,7 @@ def _figures(profile: StepProfile, segment: SegmentTrace | None, at: Any, varian
         figures[name] = figures.get(name, 0.0) + sum(min(at(a), at(b)) for a, b in pairs)
     if segment is not None:
         first = json.loads(marks[max(marks)]["forward"])
-        traced = tuple(first[name] for name in _TRACED)
+        traced = tuple(first[name] for name in forms.TRACED)
         sums = segment.sums
         if sums is None:  # a loss from its form holds no figures: they take its trace
             sums = _traced(variant, inputs_shape, targets_shape, hidden, vocab, traced,
@@ -518,7 +512,7 @@ def _flops(variant: str, inputs_shape: tuple[int, ...], targets_shape: tuple[int
            traced: tuple[Any, ...], softcap: float | None, compiled: bool) -> dict[str, float]:
     from tunecast.estimate.tracer import segment_flops
 
-    fields = dict(zip(_TRACED, traced, strict=True))
+    fields = dict(zip(forms.TRACED, traced, strict=True))
     return segment_flops(variant, inputs_shape=inputs_shape, inputs_dtype=fields["inputs_dtype"],
                          targets_shape=targets_shape, hidden=hidden, vocab=vocab, weight_dtype=fields["weight_dtype"],
                          trains=fields["trains"], bias=fields["bias"], autocast=fields["autocast"], softcap=softcap,

@@ -28,10 +28,13 @@ from typing import Any
 from tunecast.estimate import progress, symbols
 from tunecast.estimate.tracer import ALLOC, Event, SegmentTrace
 from tunecast.step.chunking import Chunks, chunks_of
+from tunecast.step.variants import STUB_INPUTS, STUBS
 
-# The losses whose inputs are the hidden states (batch, length, hidden), split along the length; the others take the
-# trained tokens (tokens, hidden).
-_HIDDEN_INPUTS = ("fused-chunks", "loss-chunks")
+# The losses whose inputs are the hidden states (batch, length, hidden), split along the length (and whose chunks cap
+# their logits where the model does: step/loss.py _chunk_loss); the others take the trained tokens (tokens, hidden).
+HIDDEN_INPUTS = tuple(variant for variant, stub in STUBS.items() if STUB_INPUTS[stub] == "hidden")
+# What of a stand-in's mark a loss's trace depends on (compose.py), besides the backward pass's category.
+TRACED = ("inputs_dtype", "weight_dtype", "trains", "bias", "bias_trains", "autocast", "category")
 # The slot of symbols.VARIABLES each size of a form is written in.
 _BATCH, _LENGTH, _HIDDEN, _VOCAB = "b", "s", "x", "V"
 _CHUNK, _LAST, _REST = "k", "m", "r"  # a chunk's length, the last chunk's, the chunks not run as one piece
@@ -66,6 +69,11 @@ class Family:
     category: str
     backward_category: str
     softcap: float | None
+
+    @classmethod
+    def of(cls, variant: str, fields: Mapping[str, Any], backward_category: str, softcap: float | None) -> Family:
+        """The loss `variant` traced with a mark's `fields` (those of TRACED)."""
+        return cls(variant, *(fields[name] for name in TRACED), backward_category, softcap)
 
     def key(self) -> str:
         return json.dumps([self.variant, self.inputs_dtype, self.weight_dtype, self.trains, self.bias,
@@ -114,13 +122,13 @@ class Form:
 def layout(variant: str, inputs_shape: tuple[int, ...], hidden: int, vocab: int, chunks: Chunks,
            once: bool) -> tuple[Layout, dict[str, int]] | None:
     """The layout of the loss at this size and the values of its form's sizes there; None where no form holds it
-    (the whole loss, not run once, in more than three chunks or tiles)."""
+    (the whole loss, not run once, in more than three chunks, or TRL's fused head in more than _TILES tiles)."""
     rows, columns = chunks.rows, chunks.columns
     # the whole loss: torchtune's chunks; a loss of at most three chunks (TRL's fused head: of every tile of them)
     runs_all = variant == "output-chunks" or (len(rows) <= 3 and len(columns) <= _TILES)
     if not once and not runs_all:
         return None
-    hidden_inputs = variant in _HIDDEN_INPUTS
+    hidden_inputs = variant in HIDDEN_INPUTS
     values = {_HIDDEN: hidden, _VOCAB: vocab}
     if hidden_inputs:
         values[_BATCH], values[_LENGTH] = inputs_shape[0], inputs_shape[1]
@@ -267,7 +275,7 @@ def _markers(variant: str, shape: Layout, avoid: frozenset[int]) -> Markers | No
 
     try:
         values = {_HIDDEN: take(), _VOCAB: take()}
-        hidden_inputs = variant in _HIDDEN_INPUTS
+        hidden_inputs = variant in HIDDEN_INPUTS
         if hidden_inputs and _BATCH not in ones:
             values[_BATCH] = take()
         if runs == 1:
@@ -320,10 +328,10 @@ def _traced(family: Family, markers: Markers) -> SegmentTrace:
 
 def layouts(variant: str) -> Iterator[Layout]:
     """Every layout of the loss `variant`."""
-    runs = range(1, 9) if variant == "output-chunks" else range(1, 5 if variant in _HIDDEN_INPUTS else 4)
+    runs = range(1, 9) if variant == "output-chunks" else range(1, 5 if variant in HIDDEN_INPUTS else 4)
     for count in runs:
         for tiles in range(1, _TILES + 1) if variant == "fused-head" else (0,):
-            for batch in ((), (_BATCH,)) if variant in _HIDDEN_INPUTS else ((),):
+            for batch in ((), (_BATCH,)) if variant in HIDDEN_INPUTS else ((),):
                 for last in ((), (_LAST,)) if count >= 2 else ((),):
                     yield count, tiles, batch + last
 
@@ -333,6 +341,7 @@ def layout_key(shape: Layout) -> str:
     return json.dumps([shape[0], shape[1], list(shape[2])])
 
 
+@functools.cache
 def shipped(family: Family, shape: Layout) -> Form | None:
     """The form shipped with the package for this loss and layout (scripts/build_loss_forms.py), if any."""
     found = _shipped_layouts(family.key()).get(layout_key(shape))
